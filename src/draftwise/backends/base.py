@@ -1,0 +1,102 @@
+"""The Backend and Tokenizer seams: one implementation per inference library.
+
+A Backend owns one model and one KV cache of a single sequence. `extend` appends
+tokens and returns logits for every new position; `truncate` drops cached positions
+and raises if it cannot. The draft model is a Backend too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+
+class BackendError(RuntimeError):
+    """The inference library failed (decode error, failed cache removal, ...)."""
+
+
+class ContextOverflowError(BackendError):
+    """More tokens than the context window holds."""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    exact: bool = False  # batched logits equal one-at-a-time logits bit for bit
+    device: str = "cpu"
+    dtype: str = "float32"
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    eos_token_ids: frozenset[int]
+
+    def encode(self, text: str, *, add_special: bool = True) -> list[int]: ...
+    def decode(self, ids: Sequence[int]) -> str: ...
+    def token_text(self, token_id: int) -> str: ...
+    def apply_chat_template(self, messages: Sequence[dict], *, add_generation_prompt: bool = True) -> str: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+
+@runtime_checkable
+class Backend(Protocol):
+    name: str  # human-readable model name, e.g. the file name
+    identity: str  # stable id for caches: path + size + mtime, or a config hash
+    tokenizer: Tokenizer
+    capabilities: Capabilities
+
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def n_ctx(self) -> int: ...
+    @property
+    def num_cached(self) -> int: ...
+    @property
+    def cached_ids(self) -> list[int]: ...
+
+    def extend(self, ids: Sequence[int]) -> np.ndarray:
+        """Append ids to the cache; return logits [len(ids), V] (float32 or float64)."""
+        ...
+
+    def prefill(self, ids: Sequence[int]) -> None:
+        """Append ids to the cache without returning logits (prompt processing)."""
+        ...
+
+    def truncate(self, n_keep: int) -> None:
+        """Drop cached positions >= n_keep. Raises BackendError if that fails."""
+        ...
+
+    def reset(self) -> None: ...
+    def close(self) -> None: ...
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the shared prefix. Example: ([1, 2, 3], [1, 2, 4, 5]) -> 2."""
+    n = min(len(a), len(b))
+    if list(a[:n]) == list(b[:n]):
+        return n
+    lo, hi = 0, n  # binary search on the first mismatch; list slices compare in C
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if list(a[:mid]) == list(b[:mid]):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def sync_cache(backend: Backend, ids: Sequence[int]) -> int:
+    """Make the backend cache hold exactly ids[:len(ids)] reusing the shared prefix.
+
+    Returns the number of reused positions. Used for prompt caching across requests
+    and for keeping a draft model's cache in step with committed tokens.
+    """
+    keep = common_prefix_length(backend.cached_ids, ids)
+    if keep < backend.num_cached:
+        backend.truncate(keep)
+    if keep < len(ids):
+        backend.prefill(ids[keep:])
+    return keep

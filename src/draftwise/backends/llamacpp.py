@@ -1,0 +1,205 @@
+"""llama.cpp backend (GGUF, quantised, CPU) through llama-cpp-python's low-level API.
+
+One sequence (seq_id 0) per context. `extend` decodes a batch with logits requested
+at every new position and returns them as one [n, V] array; `truncate` removes KV
+entries with llama_memory_seq_rm and raises when the removal is refused.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from draftwise.backends.base import BackendError, Capabilities, ContextOverflowError
+
+
+def default_threads() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+class LlamaCppTokenizer:
+    def __init__(self, llm, llama_cpp) -> None:
+        self._llm = llm
+        self._vocab = llama_cpp.llama_model_get_vocab(llm.model)
+        self._c = llama_cpp
+        n = llm.n_vocab()
+        self._n_vocab = n
+        n_tokens = llama_cpp.llama_vocab_n_tokens(self._vocab)
+        self.eos_token_ids = frozenset(t for t in range(n_tokens) if llama_cpp.llama_vocab_is_eog(self._vocab, t))
+        self._template = llm.metadata.get("tokenizer.chat_template")
+        self._formatter = None
+
+    @property
+    def vocab_size(self) -> int:
+        return self._n_vocab
+
+    def encode(self, text: str, *, add_special: bool = True) -> list[int]:
+        # NOTE: special tokens are parsed so that chat-templated text maps to control tokens.
+        return self._llm.tokenize(text.encode("utf-8"), add_bos=add_special, special=True)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._llm.detokenize(list(ids)).decode("utf-8", errors="replace")
+
+    def token_text(self, token_id: int) -> str:
+        raw = self._c.llama_vocab_get_text(self._vocab, token_id)
+        return raw.decode("utf-8", errors="replace") if raw else ""
+
+    def apply_chat_template(self, messages: Sequence[dict], *, add_generation_prompt: bool = True) -> str:
+        if not self._template:
+            raise BackendError("this model has no chat template in its GGUF metadata; use a plain prompt")
+        if self._formatter is None:
+            from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+            def text_of(token: int) -> str:
+                return self.token_text(token) if token >= 0 else ""
+
+            self._formatter = Jinja2ChatFormatter(
+                template=self._template,
+                eos_token=text_of(self._llm.token_eos()),
+                bos_token=text_of(self._llm.token_bos()),
+                add_generation_prompt=add_generation_prompt,
+            )
+        return self._formatter(messages=list(messages)).prompt
+
+
+class LlamaCppBackend:
+    def __init__(
+        self,
+        model_path: str | os.PathLike,
+        *,
+        n_ctx: int = 4096,
+        n_threads: int | None = None,
+        n_batch: int = 512,
+        name: str | None = None,
+    ) -> None:
+        path = Path(model_path)
+        if not path.is_file():
+            raise FileNotFoundError(f"model file not found: {path}")
+        from llama_cpp import Llama
+        from llama_cpp import llama_cpp as C
+
+        self._c = C
+        self.n_threads = n_threads or default_threads()
+        try:
+            self._llm = Llama(
+                model_path=str(path), n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
+                n_threads=self.n_threads, n_threads_batch=self.n_threads,
+                logits_all=False, verbose=False,
+            )
+        except ValueError as exc:  # llama-cpp-python reports load failures as ValueError
+            raise BackendError(f"llama.cpp could not load {path}: {exc}") from exc
+        self._ctx = self._llm.ctx
+        self._mem = C.llama_get_memory(self._ctx)
+        self._n_ctx = C.llama_n_ctx(self._ctx)
+        self._n_batch = n_batch
+        self._n_vocab = self._llm.n_vocab()
+        self._batch = C.llama_batch_init(n_batch, 0, 1)
+        # numpy views over the batch's arrays: filling them costs no Python loop per token.
+        self._b_token = np.ctypeslib.as_array(self._batch.token, shape=(n_batch,))
+        self._b_pos = np.ctypeslib.as_array(self._batch.pos, shape=(n_batch,))
+        self._b_logits = np.ctypeslib.as_array(self._batch.logits, shape=(n_batch,))
+        n_seq = np.ctypeslib.as_array(self._batch.n_seq_id, shape=(n_batch,))
+        n_seq[:] = 1
+        for i in range(n_batch):
+            self._batch.seq_id[i][0] = 0
+        self._ids: list[int] = []
+        stat = path.stat()
+        self.path = path
+        self.name = name or path.name
+        self.identity = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+        self.tokenizer = LlamaCppTokenizer(self._llm, C)
+        self.capabilities = Capabilities(exact=False, device="cpu", dtype="gguf")
+
+    # ---------------------------------------------------------------- properties
+    @property
+    def vocab_size(self) -> int:
+        return self._n_vocab
+
+    @property
+    def n_ctx(self) -> int:
+        return self._n_ctx
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._ids)
+
+    @property
+    def cached_ids(self) -> list[int]:
+        return list(self._ids)
+
+    # ---------------------------------------------------------------- decoding
+    def _decode(self, ids: Sequence[int], want_logits: bool) -> np.ndarray | None:
+        if len(self._ids) + len(ids) > self._n_ctx:
+            raise ContextOverflowError(f"{len(self._ids) + len(ids)} tokens exceed the context of {self._n_ctx}")
+        start = len(self._ids)
+        rows: list[np.ndarray] = []
+        try:
+            for offset in range(0, len(ids), self._n_batch):
+                chunk = np.asarray(ids[offset : offset + self._n_batch], dtype=np.int32)
+                n = len(chunk)
+                if chunk.min() < 0 or chunk.max() >= self._n_vocab:
+                    raise BackendError(f"token id outside the vocabulary of {self._n_vocab}")
+                self._b_token[:n] = chunk
+                self._b_pos[:n] = np.arange(start + offset, start + offset + n, dtype=np.int32)
+                self._b_logits[:n] = 1 if want_logits else 0
+                if not want_logits and offset + n == len(ids):
+                    self._b_logits[n - 1] = 1  # llama.cpp expects at least one output per decode
+                self._batch.n_tokens = n
+                rc = self._c.llama_decode(self._ctx, self._batch)
+                if rc != 0:
+                    raise BackendError(f"llama_decode failed with code {rc} at position {start + offset}")
+                self._ids.extend(int(t) for t in chunk)
+                if want_logits:
+                    ptr = self._c.llama_get_logits(self._ctx)
+                    rows.append(np.ctypeslib.as_array(ptr, shape=(n, self._n_vocab)).copy())  # [n, V]
+        except BaseException:
+            # Keep cache and bookkeeping in step: drop whatever this call appended.
+            self._ids = self._ids[:start]
+            self._c.llama_memory_seq_rm(self._mem, 0, start, -1)
+            raise
+        if not want_logits:
+            return None
+        return rows[0] if len(rows) == 1 else np.concatenate(rows)
+
+    def extend(self, ids: Sequence[int]) -> np.ndarray:
+        if not len(ids):
+            return np.zeros((0, self._n_vocab), dtype=np.float32)
+        return self._decode(ids, want_logits=True)
+
+    def prefill(self, ids: Sequence[int]) -> None:
+        if len(ids):
+            self._decode(ids, want_logits=False)
+
+    def truncate(self, n_keep: int) -> None:
+        if not 0 <= n_keep <= len(self._ids):
+            raise BackendError(f"cannot truncate {len(self._ids)} cached positions to {n_keep}")
+        if n_keep == len(self._ids):
+            return
+        if not self._c.llama_memory_seq_rm(self._mem, 0, n_keep, -1):
+            raise BackendError(f"llama.cpp refused to remove cached positions >= {n_keep}")
+        del self._ids[n_keep:]
+
+    def reset(self) -> None:
+        self._c.llama_memory_clear(self._mem, True)
+        self._ids.clear()
+
+    def close(self) -> None:
+        if getattr(self, "_batch", None) is not None:
+            self._c.llama_batch_free(self._batch)
+            self._batch = None
+        if getattr(self, "_llm", None) is not None:
+            self._llm.close()
+            self._llm = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -1,0 +1,153 @@
+"""Toy backend: exact float64 probability tables, for tests and examples.
+
+A ToyModel maps the last `order` tokens to a fixed logit vector drawn from a seeded
+generator, so distributions are known exactly and batched == one-at-a-time by
+construction. A character tokenizer gives it text: token 0 is EOS, 1.. are characters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from draftwise.backends.base import BackendError, Capabilities, ContextOverflowError
+
+DEFAULT_ALPHABET = "abcdefghijklmnopqrstuvwxyz .,!?\n0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ()[]{}:;=+-*/_'\"<>#"
+
+
+class CharTokenizer:
+    """Token 0 is EOS ("</s>"); token i >= 1 is alphabet[i - 1]. Unknown chars are dropped."""
+
+    def __init__(self, vocab_size: int, alphabet: str = DEFAULT_ALPHABET) -> None:
+        if vocab_size < 2:
+            raise ValueError(f"toy vocab_size must be >= 2, got {vocab_size}")
+        pieces = list(alphabet[: vocab_size - 1])
+        while len(pieces) < vocab_size - 1:  # larger vocabularies get synthetic pieces
+            pieces.append(f"<{len(pieces) + 1}>")
+        self._pieces = ["</s>", *pieces]
+        self._index = {p: i for i, p in enumerate(self._pieces) if len(p) == 1}
+        self.eos_token_ids = frozenset({0})
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._pieces)
+
+    def encode(self, text: str, *, add_special: bool = True) -> list[int]:
+        return [self._index[c] for c in text if c in self._index]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "".join(self._pieces[i] for i in ids if i != 0)
+
+    def token_text(self, token_id: int) -> str:
+        return self._pieces[token_id]
+
+    def apply_chat_template(self, messages: Sequence[dict], *, add_generation_prompt: bool = True) -> str:
+        text = "".join(f"{m['role'][0]}:{m['content']}\n" for m in messages)
+        return text + ("a:" if add_generation_prompt else "")
+
+
+@dataclass
+class ToyModel:
+    """Logits depend on the last `order` tokens only: exact and cheap.
+
+    sharpness scales the logits: high values give peaked distributions (easy to
+    draft), low values flat ones. Two models with the same seed are identical.
+    """
+
+    vocab_size: int = 16
+    order: int = 2
+    seed: int = 0
+    sharpness: float = 2.0
+    eos_bias: float = -4.0  # keeps EOS rare so sequences run long
+    _table: dict = field(default_factory=dict, repr=False)
+
+    def logits(self, context: Sequence[int]) -> np.ndarray:
+        key = tuple(context[-self.order:]) if self.order > 0 else ()
+        row = self._table.get(key)
+        if row is None:
+            digest = hashlib.sha256(repr((self.seed, key)).encode()).digest()
+            rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
+            row = rng.standard_normal(self.vocab_size) * self.sharpness
+            row[0] += self.eos_bias
+            self._table[key] = row
+        return row
+
+
+class ToyBackend:
+    """A Backend over a logits function of the full context; float64, exact."""
+
+    def __init__(
+        self,
+        model: ToyModel | None = None,
+        *,
+        logits_fn: Callable[[Sequence[int]], np.ndarray] | None = None,
+        vocab_size: int | None = None,
+        n_ctx: int = 4096,
+        name: str = "toy",
+        tokenizer: CharTokenizer | None = None,
+    ) -> None:
+        if logits_fn is None:
+            model = model or ToyModel()
+            logits_fn = model.logits
+            vocab_size = model.vocab_size
+        if vocab_size is None:
+            raise ValueError("vocab_size is required with a custom logits_fn")
+        self._logits_fn = logits_fn
+        self._vocab_size = vocab_size
+        self._n_ctx = n_ctx
+        self._ids: list[int] = []
+        self.name = name
+        self.identity = f"toy:{name}:{model!r}" if model is not None else f"toy:{name}:{id(logits_fn)}"
+        self.tokenizer = tokenizer or CharTokenizer(vocab_size)
+        self.capabilities = Capabilities(exact=True, dtype="float64")
+        self.num_forwards = 0  # target forwards, for tests
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    @property
+    def n_ctx(self) -> int:
+        return self._n_ctx
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._ids)
+
+    @property
+    def cached_ids(self) -> list[int]:
+        return list(self._ids)
+
+    def _append(self, ids: Sequence[int]) -> None:
+        if len(self._ids) + len(ids) > self._n_ctx:
+            raise ContextOverflowError(f"{len(self._ids) + len(ids)} tokens exceed the context of {self._n_ctx}")
+        for t in ids:
+            if not 0 <= int(t) < self._vocab_size:
+                raise BackendError(f"token id {t} outside the vocabulary of {self._vocab_size}")
+
+    def extend(self, ids: Sequence[int]) -> np.ndarray:
+        self._append(ids)
+        self.num_forwards += 1
+        rows = []
+        for t in ids:
+            self._ids.append(int(t))
+            rows.append(np.asarray(self._logits_fn(self._ids), dtype=np.float64))
+        return np.stack(rows) if rows else np.zeros((0, self._vocab_size))
+
+    def prefill(self, ids: Sequence[int]) -> None:
+        self._append(ids)
+        self._ids.extend(int(t) for t in ids)
+
+    def truncate(self, n_keep: int) -> None:
+        if not 0 <= n_keep <= len(self._ids):
+            raise BackendError(f"cannot truncate {len(self._ids)} cached positions to {n_keep}")
+        del self._ids[n_keep:]
+
+    def reset(self) -> None:
+        self._ids.clear()
+
+    def close(self) -> None:
+        self.reset()

@@ -1,0 +1,86 @@
+"""Draft-model drafter: a small LM of the target's family proposes k tokens one by one.
+
+It owns its backend and KV cache; before each proposal the cache is brought in step
+with the committed context (the shared prefix is kept, rejected tokens are dropped),
+so rollback on rejection is implicit. It samples at its own temperature; the
+verifier receives the exact distributions it sampled from.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from draftwise.backends.base import Backend, common_prefix_length
+from draftwise.sampling import filter_probs, make_rng, sample, softmax
+from draftwise.types import Draft, SamplingParams, SpeculationConfig
+
+CATCH_UP_BATCH = 16  # up to this many missing tokens go in one forward with logits for the last
+
+
+class ModelDrafter:
+    free = False
+
+    def __init__(self, backend: Backend, name: str = "draft") -> None:
+        self.backend = backend
+        self.name = name
+        self.temperature = 0.0
+        self.top_k, self.top_p, self.min_p = 0, 1.0, 0.0
+        #: Stop drafting once the draft's probability of its next token falls below this
+        #: (0 disables it). The auto policy sets it from measured costs.
+        self.min_confidence = 0.0
+        self._rng = make_rng(None)
+        self.last_confidences: list[float] = []
+
+    def begin(self, sampling: SamplingParams, speculation: SpeculationConfig) -> None:
+        t = speculation.draft_temperature
+        self.temperature = sampling.temperature if t is None else t
+        # Same filters as the target: proposing tokens the target filtered out only wastes drafts.
+        self.top_k, self.top_p, self.min_p = sampling.top_k, sampling.top_p, sampling.min_p
+        self._rng = make_rng(None if sampling.seed is None else sampling.seed + 0x5EED)
+
+    def _next_logits(self, context: Sequence[int]) -> np.ndarray:
+        """Bring the cache to context[:-1] + feed the rest; logits [V] after context."""
+        backend = self.backend
+        keep = common_prefix_length(backend.cached_ids, context)
+        keep = min(keep, len(context) - 1)  # always feed at least one token to get logits
+        if keep < backend.num_cached:
+            backend.truncate(keep)
+        missing = context[keep:]
+        if len(missing) > CATCH_UP_BATCH:
+            backend.prefill(missing[:-1])
+            missing = missing[-1:]
+        return backend.extend(missing)[-1]
+
+    def propose(self, context: Sequence[int], max_tokens: int) -> Draft:
+        max_tokens = min(max_tokens, self.backend.n_ctx - len(context))
+        self.last_confidences = []
+        if max_tokens <= 0 or not context:
+            return Draft((), source=self.name)
+        logits = self._next_logits(context)
+        token_ids: list[int] = []
+        rows: list[np.ndarray] = []
+        for i in range(max_tokens):
+            if self.temperature == 0.0:
+                probs = None
+                token = int(np.argmax(logits))
+                confidence = float(softmax(logits)[token]) if self.min_confidence > 0 else 1.0
+            else:
+                probs = filter_probs(softmax(logits, self.temperature)[None, :], top_k=self.top_k,
+                                     top_p=self.top_p, min_p=self.min_p)[0]
+                token = sample(probs, self._rng)
+                confidence = float(probs[token])
+            if i > 0 and confidence < self.min_confidence:
+                break  # NOTE: depends on the draft only, so the output distribution is unchanged
+            token_ids.append(token)
+            self.last_confidences.append(confidence)
+            if probs is not None:
+                rows.append(probs)
+            if i + 1 < max_tokens:
+                logits = self.backend.extend([token])[-1]
+        draft_probs = np.stack(rows) if rows else None
+        return Draft(tuple(token_ids), draft_probs=draft_probs, source=self.name)
+
+    def accept(self, num_accepted: int) -> None:
+        pass  # the cache is re-synced against the committed context on the next proposal

@@ -1,0 +1,86 @@
+"""Prompt lookup (n-gram) drafter: copy what followed an earlier occurrence of the suffix.
+
+An incremental index maps each n-gram (min_n <= n <= max_n) to the positions that
+follow it, updated with new tokens only (O(1) per token, no rescans). Among matches
+of the longest n, the one whose match extends furthest backwards wins (ties: the
+earliest) — on "copy this code with one change" that is the right source to copy.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Sequence
+
+from draftwise.types import Draft, SamplingParams, SpeculationConfig
+
+MAX_CANDIDATES = 64  # occurrences scored per lookup (newest kept when there are more)
+MAX_BACKWARD = 256  # how far a match is extended backwards when scoring
+
+
+class NgramDrafter:
+    """Prompt lookup decoding over prompt + generated text.
+
+    Example: context [1, 2, 3, 9, 1, 2] with min_n=1, max_n=2 -> the suffix (1, 2)
+    occurred at 0..1, followed by [3, 9, 1, 2]; propose(context, 3) -> Draft((3, 9, 1)).
+    """
+
+    free = True
+
+    def __init__(self, min_n: int = 2, max_n: int = 4, name: str = "ngram") -> None:
+        if not 1 <= min_n <= max_n:
+            raise ValueError(f"ngram sizes need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
+        self.min_n, self.max_n, self.name = min_n, max_n, name
+        self._tokens: list[int] = []
+        self._index: dict[int, dict[tuple[int, ...], list[int]]] = {}
+        self.last_match_length = 0
+        self.reset()
+
+    def reset(self) -> None:
+        self._tokens = []
+        self._index = {n: defaultdict(list) for n in range(self.min_n, self.max_n + 1)}
+
+    def begin(self, sampling: SamplingParams, speculation: SpeculationConfig) -> None:
+        pass  # the index survives requests only through the context check in _sync
+
+    def _sync(self, context: Sequence[int]) -> None:
+        known = len(self._tokens)
+        if len(context) < known or list(context[:known]) != self._tokens:
+            self.reset()
+            known = 0
+        for i in range(known, len(context)):
+            self._tokens.append(int(context[i]))
+            for n, table in self._index.items():
+                if i + 1 >= n:  # n-gram ending at i; its continuation starts at i + 1
+                    table[tuple(self._tokens[i + 1 - n : i + 1])].append(i + 1)
+
+    def match(self, context: Sequence[int]) -> tuple[int, int]:
+        """Best (start of continuation, backward match length); (-1, 0) when none."""
+        self._sync(context)
+        tokens, end = self._tokens, len(self._tokens)
+        for n in range(min(self.max_n, end - 1), self.min_n - 1, -1):
+            positions = self._index[n].get(tuple(tokens[end - n :]))
+            if not positions:
+                continue
+            best_start, best_len = -1, -1
+            for start in positions[-MAX_CANDIDATES:]:
+                if start >= end:
+                    continue  # the suffix itself
+                length = n
+                while length < MAX_BACKWARD and start - length - 1 >= 0 and tokens[start - length - 1] == tokens[end - length - 1]:
+                    length += 1
+                if length > best_len or (length == best_len and start < best_start):
+                    best_start, best_len = start, length
+            if best_start >= 0:
+                return best_start, best_len
+        return -1, 0
+
+    def propose(self, context: Sequence[int], max_tokens: int) -> Draft:
+        start, length = self.match(context)
+        self.last_match_length = length
+        if start < 0 or max_tokens <= 0:
+            return Draft((), source=self.name)
+        proposal = self._tokens[start : start + max_tokens]
+        return Draft(tuple(proposal), source=self.name, score=float(length))
+
+    def accept(self, num_accepted: int) -> None:
+        pass

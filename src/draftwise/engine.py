@@ -1,0 +1,316 @@
+"""The engine: the draft -> verify -> commit loop, with generate() and stream().
+
+It owns positions and caches. Invariant between steps: the target cache holds every
+committed token but the last, which is fed together with the next draft, so one
+target forward of k+1 tokens verifies k draft tokens and yields one more.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+
+from draftwise.backends.base import Backend, sync_cache
+from draftwise.drafters.base import Drafter
+from draftwise.metrics import RequestStats
+from draftwise.policy import PlanState, Policy, make_policy
+from draftwise.sampling import make_rng, target_probs
+from draftwise.types import ConfigError, Draft, SamplingParams, SpeculationConfig, StepStats
+from draftwise.verify import greedy_verify, rejection_sample
+
+
+class PromptTooLongError(ConfigError):
+    """The prompt leaves no room in the context window."""
+
+
+class TokenizerMismatchError(ValueError):
+    """Draft and target do not share a tokenizer."""
+
+
+@dataclass
+class Result:
+    text: str
+    token_ids: list[int]
+    stats: RequestStats
+    prompt_ids: list[int] = field(default_factory=list)
+
+    @property
+    def finish_reason(self) -> str:
+        return self.stats.finish_reason
+
+    def to_dict(self) -> dict:
+        return {"text": self.text, "token_ids": self.token_ids, **self.stats.to_dict()}
+
+
+def check_tokenizers(target: Backend, draft: Backend, sample_every: int = 97) -> None:
+    """Refuse a draft whose vocabulary differs from the target's (size or token texts).
+
+    Draft vocabularies may be padded beyond the tokenizer (Qwen: 151936 rows for 151665
+    tokens), so sizes must match exactly and token texts are compared on a sample.
+    """
+    t_tok, d_tok = target.tokenizer, draft.tokenizer
+    problem = ""
+    if target.vocab_size != draft.vocab_size:
+        problem = f"vocabulary sizes differ ({target.vocab_size} vs {draft.vocab_size})"
+    else:
+        n = min(t_tok.vocab_size, d_tok.vocab_size)
+        ids = list(range(0, n, sample_every)) + list(range(max(0, n - 64), n))
+        for i in ids:
+            if t_tok.token_text(i) != d_tok.token_text(i):
+                problem = f"token {i} is {t_tok.token_text(i)!r} in the target but {d_tok.token_text(i)!r} in the draft"
+                break
+        if not problem and t_tok.eos_token_ids != d_tok.eos_token_ids:
+            problem = f"EOS ids differ ({sorted(t_tok.eos_token_ids)} vs {sorted(d_tok.eos_token_ids)})"
+    if problem:
+        raise TokenizerMismatchError(
+            f"draft model {draft.name!r} does not share the tokenizer of target {target.name!r}: {problem}. "
+            "Speculative decoding needs a draft of the same model family (same tokenizer)."
+        )
+
+
+class _StreamDecoder:
+    """Incremental detokenisation that never emits half a UTF-8 character."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.text = ""
+        self._prefix, self._read = 0, 0
+
+    def push(self, ids: Sequence[int]) -> None:
+        self.ids.extend(ids)
+        prefix_text = self.tokenizer.decode(self.ids[self._prefix : self._read])
+        new_text = self.tokenizer.decode(self.ids[self._prefix :])
+        if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
+            self.text += new_text[len(prefix_text) :]
+            self._prefix, self._read = self._read, len(self.ids)
+
+    def flush(self) -> None:
+        tail = self.tokenizer.decode(self.ids[self._prefix :])
+        prefix_text = self.tokenizer.decode(self.ids[self._prefix : self._read])
+        if len(tail) > len(prefix_text):
+            self.text += tail[len(prefix_text) :]
+        self._prefix = self._read = len(self.ids)
+
+
+class Generation:
+    """An iterator of text pieces; after it is exhausted, `.result` holds the Result."""
+
+    def __init__(self, pieces: Iterator[str]) -> None:
+        self._pieces = pieces
+        self.result: Result | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        return self
+
+    def __next__(self) -> str:
+        return next(self._pieces)
+
+
+class Engine:
+    """Speculative decoding over one target backend and any number of drafters.
+
+    One request at a time (a lock guards the caches); a failed or cancelled request
+    leaves the caches consistent, and the next request reuses the shared prompt prefix.
+    """
+
+    def __init__(
+        self,
+        target: Backend,
+        drafters: Sequence[Drafter] = (),
+        *,
+        speculation: SpeculationConfig | None = None,
+        policy: Policy | None = None,
+    ) -> None:
+        self.target = target
+        self.drafters = list(drafters)
+        for drafter in self.drafters:
+            draft_backend = getattr(drafter, "backend", None)
+            if draft_backend is not None:
+                check_tokenizers(target, draft_backend)
+        self.speculation = speculation or SpeculationConfig()
+        self._policies: dict[str, Policy] = {}
+        self._policy_override = policy
+        self._lock = threading.Lock()
+
+    @property
+    def tokenizer(self):
+        return self.target.tokenizer
+
+    def policy(self, name: str) -> Policy:
+        """Policies persist across requests, so learned estimates carry over."""
+        if self._policy_override is not None:
+            return self._policy_override
+        if name not in self._policies:
+            kwargs = {"target": self.target} if name == "auto" else {}
+            self._policies[name] = make_policy(name, **kwargs)
+        return self._policies[name]
+
+    def encode_prompt(self, prompt: str | None = None, messages: Sequence[dict] | None = None) -> list[int]:
+        if (prompt is None) == (messages is None):
+            raise ConfigError("give exactly one of prompt or messages")
+        if messages is not None:
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+            return self.tokenizer.encode(text, add_special=True)
+        return self.tokenizer.encode(prompt, add_special=True)
+
+    def generate(self, prompt: str | None = None, **kwargs) -> Result:
+        gen = self.stream(prompt, **kwargs)
+        for _ in gen:
+            pass
+        assert gen.result is not None
+        return gen.result
+
+    def stream(
+        self,
+        prompt: str | None = None,
+        *,
+        messages: Sequence[dict] | None = None,
+        prompt_ids: Sequence[int] | None = None,
+        sampling: SamplingParams | None = None,
+        speculation: SpeculationConfig | None = None,
+        cancelled: Callable[[], bool] | None = None,
+        drafters: Sequence[str] | None = None,
+    ) -> Generation:
+        """Start a request; iterate the result for text pieces. `drafters` picks a subset by name."""
+        if prompt_ids is None:
+            prompt_ids = self.encode_prompt(prompt, messages)
+        sampling = sampling or SamplingParams()
+        speculation = speculation or self.speculation
+        if not prompt_ids:
+            raise ConfigError("the prompt is empty after tokenisation")
+        if len(prompt_ids) >= self.target.n_ctx:
+            raise PromptTooLongError(
+                f"the prompt has {len(prompt_ids)} tokens but the context holds {self.target.n_ctx}; "
+                "shorten the prompt or raise the context size"
+            )
+        gen = Generation(iter(()))
+        chosen = self.drafters if drafters is None else [d for d in self.drafters if d.name in drafters]
+        if drafters is not None and len(chosen) != len(set(drafters)):
+            known = ", ".join(d.name for d in self.drafters) or "none"
+            raise ConfigError(f"unknown drafter in {list(drafters)}; this engine has: {known}")
+        gen._pieces = self._run(list(prompt_ids), sampling, speculation, cancelled, gen, chosen)
+        return gen
+
+    # ------------------------------------------------------------------ the loop
+    def _run(self, prompt_ids: list[int], sampling: SamplingParams, speculation: SpeculationConfig,
+             cancelled: Callable[[], bool] | None, gen: Generation, drafters: list[Drafter]) -> Iterator[str]:
+        with self._lock:
+            stats = RequestStats(num_prompt_tokens=len(prompt_ids))
+            target = self.target
+            drafters = drafters if speculation.enabled else []
+            policy = self.policy(speculation.policy)
+            policy.begin(drafters, speculation)
+            for drafter in drafters:
+                drafter.begin(sampling, speculation)
+            rng = make_rng(sampling.seed)
+            decoder = _StreamDecoder(self.tokenizer)
+            stop_hold = max((len(s) for s in sampling.stop), default=1) - 1
+            emitted = 0
+            stop_at: int | None = None
+            generated: list[int] = []
+            eos_ids = frozenset() if sampling.ignore_eos else self.tokenizer.eos_token_ids
+
+            try:
+                # 1. Prefill: the target cache holds the prompt but its last token.
+                t0 = time.perf_counter()
+                stats.num_reused_tokens = sync_cache(target, prompt_ids[:-1])
+                stats.prefill_ms = 1000 * (time.perf_counter() - t0)
+                t_decode = time.perf_counter()
+                context = list(prompt_ids)
+                while not stats.finish_reason:
+                    if cancelled is not None and cancelled():
+                        stats.finish_reason = "cancelled"
+                        break
+                    # 2. Plan: which drafter and how many tokens; never past the window or max_tokens.
+                    max_k = min(target.n_ctx - len(context), sampling.max_tokens - len(generated) - 1)
+                    if max_k < 0:
+                        stats.finish_reason = "length"
+                        break
+                    plan = policy.plan(PlanState(context=context, max_k=max_k))
+                    # 3. Draft.
+                    t_step = time.perf_counter()
+                    draft = plan.draft
+                    if draft is None:
+                        draft = plan.drafter.propose(context, plan.k) if plan.drafter is not None and plan.k > 0 else Draft()
+                    if len(draft) > max_k:
+                        draft = Draft(draft.token_ids[:max_k],
+                                      None if draft.draft_probs is None else draft.draft_probs[:max_k],
+                                      draft.source, draft.score)
+                    t_verify = time.perf_counter()
+                    # 4. Verify: one target forward over [last committed, d_1..d_k] -> k+1 rows.
+                    logits = target.extend([context[-1], *draft.token_ids])  # [k+1, V]
+                    if sampling.greedy:
+                        verdict = greedy_verify(draft.token_ids, np.argmax(logits, axis=-1))
+                    else:
+                        verdict = rejection_sample(draft, target_probs(logits, sampling), rng)
+                    # 5. Commit: keep d_1..d_n in the cache, drop the rejected rest.
+                    target.truncate(len(context) + verdict.num_accepted)
+                    t_end = time.perf_counter()
+                    new_ids = verdict.committed(draft.token_ids)
+                    step = StepStats(
+                        drafter=draft.source if len(draft) else "none",
+                        num_drafted=len(draft), num_accepted=verdict.num_accepted,
+                        num_committed=len(new_ids), draft_ms=1000 * (t_verify - t_step),
+                        verify_ms=1000 * (t_end - t_verify), planned_k=plan.k,
+                    )
+                    stats.record(step)
+                    if plan.drafter is not None and len(draft):
+                        plan.drafter.accept(verdict.num_accepted)
+                    policy.observe(step)
+                    # 6. Stop conditions, token by token, then stream the new text.
+                    for token in new_ids:
+                        if token in eos_ids:
+                            stats.finish_reason = "stop"
+                            break
+                        generated.append(token)
+                        context.append(token)
+                        if len(generated) >= sampling.max_tokens:
+                            stats.finish_reason = "length"
+                            break
+                    decoder.push(context[len(prompt_ids) + len(decoder.ids):])
+                    if sampling.stop:
+                        stop_at = _find_stop(decoder.text, sampling.stop, emitted - stop_hold)
+                        if stop_at is not None:
+                            stats.finish_reason = "stop"
+                    if stats.finish_reason:
+                        break
+                    ready = len(decoder.text) - stop_hold
+                    if ready > emitted:
+                        yield decoder.text[emitted:ready]
+                        emitted = ready
+                # 7. Finish: flush the last bytes, cut at a stop string, stream the rest.
+                if stop_at is None:
+                    decoder.flush()
+                    if sampling.stop:
+                        stop_at = _find_stop(decoder.text, sampling.stop, emitted - stop_hold)
+                text = decoder.text if stop_at is None else decoder.text[:stop_at]
+                stats.decode_ms = 1000 * (time.perf_counter() - t_decode)
+                stats.num_generated = len(generated)
+                stats.policy = policy.snapshot()
+                if len(text) > emitted:
+                    yield text[emitted:]
+                gen.result = Result(text=text, token_ids=generated, stats=stats, prompt_ids=prompt_ids)
+            except GeneratorExit:
+                # The consumer stopped iterating (a client went away): we sit between steps,
+                # so the caches are consistent and the next request can reuse them.
+                raise
+            except BaseException:
+                # A failed request must not poison the next one: forget the cache contents.
+                target.reset()
+                raise
+
+
+def _find_stop(text: str, stops: Sequence[str], start: int) -> int | None:
+    """Index of the earliest stop string in text at or after start (clamped), else None."""
+    start = max(0, start)
+    best = None
+    for s in stops:
+        i = text.find(s, start)
+        if i >= 0 and (best is None or i < best):
+            best = i
+    return best

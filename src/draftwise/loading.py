@@ -1,0 +1,100 @@
+"""Build backends, drafters and an Engine from user-facing names (CLI, bench, server).
+
+A model is a registry name (fetched on first use), a GGUF file or a transformers
+model directory. Drafters are named "ngram", "none", or a draft model; several can be
+given comma-separated ("ngram,qwen2.5-coder-0.5b-instruct") for the auto policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from draftwise import models
+from draftwise.backends.base import Backend
+from draftwise.drafters import ModelDrafter, NgramDrafter
+from draftwise.engine import Engine
+from draftwise.types import ConfigError, SpeculationConfig
+
+BACKENDS = ("auto", "llamacpp", "hf")
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    backend: str = "auto"  # llamacpp for .gguf files, hf for model directories
+    n_ctx: int = 4096
+    threads: int | None = None
+    dtype: str = "float32"  # hf only
+    device: str = "cpu"  # hf only
+    ngram_min: int = 2
+    ngram_max: int = 4
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.n_ctx < 16:
+            raise ConfigError(f"n_ctx must be >= 16, got {self.n_ctx}")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"threads must be >= 1, got {self.threads}")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ConfigError(f"ngram sizes need 1 <= min <= max, got {self.ngram_min}..{self.ngram_max}")
+
+
+def load_backend(spec: str, options: LoadOptions = LoadOptions(), progress=None) -> Backend:
+    path = models.resolve(spec, progress=progress)
+    kind = options.backend
+    if kind == "auto":
+        kind = "hf" if path.is_dir() else "llamacpp"
+    name = spec if spec in models.REGISTRY else Path(spec).name
+    if kind == "llamacpp":
+        if path.is_dir():
+            raise ConfigError(f"{path} is a directory; the llama.cpp backend needs a .gguf file (or use --backend hf)")
+        from draftwise.backends.llamacpp import LlamaCppBackend
+
+        return LlamaCppBackend(path, n_ctx=options.n_ctx, n_threads=options.threads, name=name)
+    from draftwise.backends.hf import HFBackend
+
+    return HFBackend(path, dtype=options.dtype, device=options.device, n_ctx=options.n_ctx,
+                     n_threads=options.threads, name=name)
+
+
+def parse_drafters(spec: str | None) -> list[str]:
+    """'ngram,qwen' -> ['ngram', 'qwen']; 'none' or '' -> []."""
+    if not spec:
+        return []
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    if "none" in names:
+        if len(names) > 1:
+            raise ConfigError("--draft none cannot be combined with other drafters")
+        return []
+    return names
+
+
+def load_engine(
+    target: str = models.DEFAULT_TARGET,
+    draft: str | None = "ngram",
+    *,
+    options: LoadOptions = LoadOptions(),
+    speculation: SpeculationConfig | None = None,
+    progress=None,
+    draft_options: LoadOptions | None = None,
+) -> Engine:
+    """Load the target, the drafters and an Engine. Raises ConfigError/ModelError/BackendError."""
+    drafter_names = parse_drafters(draft)
+    target_backend = load_backend(target, options, progress)
+    drafters = []
+    try:
+        for name in drafter_names:
+            if name == "ngram":
+                drafters.append(NgramDrafter(options.ngram_min, options.ngram_max))
+            else:
+                draft_backend = load_backend(name, draft_options or options, progress)
+                drafters.append(ModelDrafter(draft_backend, name="draft"))
+        return Engine(target_backend, drafters, speculation=speculation)
+    except BaseException:
+        target_backend.close()
+        for d in drafters:
+            backend = getattr(d, "backend", None)
+            if backend is not None:
+                backend.close()
+        raise

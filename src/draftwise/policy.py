@@ -1,0 +1,110 @@
+"""Policies decide, each step, which drafter proposes and how many tokens (k = 0: none).
+
+`fixed` always drafts max_draft_tokens with the first drafter; `heuristic` moves k by
+the last step's acceptance (x1.2 above 0.9, x0.8 below 0.7, within [k_min, k_max]);
+`auto` (policy_auto.py) maximises expected tokens per second from measured costs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from draftwise.drafters.base import Drafter
+from draftwise.types import Draft, SpeculationConfig, StepStats
+
+
+@dataclass(frozen=True)
+class PlanState:
+    context: Sequence[int]  # committed tokens (prompt + generated)
+    max_k: int  # the most draft tokens that fit (context window, max_tokens)
+
+
+@dataclass(frozen=True)
+class Plan:
+    drafter: Drafter | None
+    k: int
+    draft: Draft | None = None  # a proposal the policy already obtained while planning
+
+
+class Policy(Protocol):
+    name: str
+
+    def begin(self, drafters: Sequence[Drafter], speculation: SpeculationConfig) -> None: ...
+    def plan(self, state: PlanState) -> Plan: ...
+    def observe(self, step: StepStats) -> None: ...
+    def snapshot(self) -> dict: ...
+
+
+class FixedPolicy:
+    name = "fixed"
+
+    def __init__(self) -> None:
+        self._drafter: Drafter | None = None
+        self._k = 0
+
+    def begin(self, drafters: Sequence[Drafter], speculation: SpeculationConfig) -> None:
+        self._drafter = drafters[0] if drafters and speculation.enabled else None
+        self._k = speculation.max_draft_tokens
+
+    def plan(self, state: PlanState) -> Plan:
+        if self._drafter is None:
+            return Plan(None, 0)
+        return Plan(self._drafter, min(self._k, state.max_k))
+
+    def observe(self, step: StepStats) -> None:
+        pass
+
+    def snapshot(self) -> dict:
+        return {"policy": self.name, "k": self._k}
+
+
+class HeuristicPolicy:
+    """Acceptance-rate rule on a real-valued k, rounded when planning."""
+
+    name = "heuristic"
+    RAISE_ABOVE, LOWER_BELOW = 0.9, 0.7
+    RAISE_BY, LOWER_BY = 1.2, 0.8
+
+    def __init__(self, k_max: int = 16) -> None:
+        self.k_max = k_max
+        self._drafter: Drafter | None = None
+        self._k = 4.0
+        self._k_min = 1
+
+    def begin(self, drafters: Sequence[Drafter], speculation: SpeculationConfig) -> None:
+        self._drafter = drafters[0] if drafters and speculation.enabled else None
+        self._k = float(speculation.max_draft_tokens)
+        self._k_min = speculation.min_draft_tokens
+        self.k_max = max(self.k_max, speculation.max_draft_tokens)
+
+    def plan(self, state: PlanState) -> Plan:
+        if self._drafter is None:
+            return Plan(None, 0)
+        return Plan(self._drafter, min(round(self._k), state.max_k))
+
+    def observe(self, step: StepStats) -> None:
+        if not step.num_drafted:
+            return
+        rate = step.num_accepted / step.num_drafted
+        if rate > self.RAISE_ABOVE:
+            # NOTE: ceil-like step so that k=1 can grow (1 * 1.2 rounds back to 1).
+            self._k = max(self._k * self.RAISE_BY, round(self._k) + 1)
+        elif rate < self.LOWER_BELOW:
+            self._k *= self.LOWER_BY
+        self._k = min(max(self._k, self._k_min), self.k_max)
+
+    def snapshot(self) -> dict:
+        return {"policy": self.name, "k": self._k}
+
+
+def make_policy(name: str, **kwargs) -> Policy:
+    if name == "fixed":
+        return FixedPolicy()
+    if name == "heuristic":
+        return HeuristicPolicy(**kwargs)
+    if name == "auto":
+        from draftwise.policy_auto import AutoPolicy
+
+        return AutoPolicy(**kwargs)
+    raise ValueError(f"unknown policy {name!r}; choose fixed, heuristic or auto")

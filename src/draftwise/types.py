@@ -1,0 +1,136 @@
+"""The data contract: frozen dataclasses that cross the seams between parts.
+
+SamplingParams (what the request asks for), SpeculationConfig (how to speculate),
+Draft (a drafter's proposal), Verdict (the verifier's decision) and StepStats
+(what one decoding step did). Every config validates itself when built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+
+class ConfigError(ValueError):
+    """A configuration value is out of range; the message names the field."""
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the target's next-token distribution is shaped and sampled.
+
+    temperature 0 means greedy (argmax). top_k 0 and top_p 1.0 and min_p 0.0 disable
+    those filters. Filters apply in the order temperature -> top-k -> top-p -> min-p.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        _check(self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}")
+        _check(self.top_k >= 0, f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        _check(0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}")
+        _check(0 <= self.min_p < 1, f"min_p must be in [0, 1), got {self.min_p}")
+        _check(self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}")
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        else:
+            object.__setattr__(self, "stop", tuple(self.stop))
+        _check(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+POLICIES = ("auto", "fixed", "heuristic")
+
+
+@dataclass(frozen=True)
+class SpeculationConfig:
+    """How to speculate for one request.
+
+    policy: "fixed" (always max_draft_tokens), "heuristic" (acceptance-rate rule),
+    "auto" (calibrated cost model). draft_temperature is the drafter's own sampling
+    temperature (None: same as the target's); it never changes the output distribution.
+    """
+
+    policy: str = "auto"
+    max_draft_tokens: int = 4
+    min_draft_tokens: int = 1
+    draft_temperature: float | None = None
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        _check(self.policy in POLICIES, f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        _check(1 <= self.max_draft_tokens <= 256, f"max_draft_tokens (k) must be in [1, 256], got {self.max_draft_tokens}")
+        _check(1 <= self.min_draft_tokens <= self.max_draft_tokens,
+               f"min_draft_tokens must be in [1, max_draft_tokens={self.max_draft_tokens}], got {self.min_draft_tokens}")
+        _check(self.draft_temperature is None or self.draft_temperature >= 0,
+               f"draft_temperature must be >= 0, got {self.draft_temperature}")
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A drafter's proposal: k' token ids and, for a sampled draft, its distributions.
+
+    draft_probs [k', V] is the distribution each token was sampled from; None means a
+    deterministic proposal, which the verifier treats as one-hot (probability 1).
+    """
+
+    token_ids: tuple[int, ...] = ()
+    draft_probs: np.ndarray | None = None  # [k', V] float64, or None
+    source: str = ""
+    score: float = 0.0  # drafter-specific confidence (n-gram: length of the matched suffix)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "token_ids", tuple(int(t) for t in self.token_ids))
+        if self.draft_probs is not None:
+            _check(self.draft_probs.ndim == 2 and self.draft_probs.shape[0] == len(self.token_ids),
+                   f"draft_probs must be [k={len(self.token_ids)}, V], got {self.draft_probs.shape}")
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The verifier's decision: the first num_accepted draft tokens stand, then next_token.
+
+    next_token is the correction (resampled from the residual at the first rejection)
+    or the bonus token (sampled from the target after the last draft token).
+    """
+
+    num_accepted: int
+    next_token: int
+
+    def committed(self, draft_ids: Sequence[int]) -> list[int]:
+        """Tokens to commit: [d_1..d_n, next]. Example: ([5, 6, 7], n=2, next=9) -> [5, 6, 9]."""
+        return [*draft_ids[: self.num_accepted], self.next_token]
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """What one target verification step did (one target forward after the prompt)."""
+
+    drafter: str  # "none" for a plain step
+    num_drafted: int
+    num_accepted: int
+    num_committed: int
+    draft_ms: float
+    verify_ms: float
+    planned_k: int = 0
+    accepted_mask: tuple[bool, ...] = field(default_factory=tuple)
