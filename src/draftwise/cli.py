@@ -216,6 +216,40 @@ def demo(prompt, max_tokens, draft_model, target, backend, n_ctx, threads, dtype
     console.print(table)
 
 
+@main.command()
+@click.option("--draft", default="ngram", show_default=True,
+              help="Drafters: a draft model (name or path), 'ngram', 'none', or several comma-separated.")
+@click.option("--policy", type=click.Choice(["auto", "fixed", "heuristic"]), default="auto", show_default=True)
+@click.option("--k", "k", type=int, default=4, show_default=True, help="Draft tokens per step (fixed), start/max (others).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind (loopback unless told otherwise).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option("--api-key", default=None, help="Require 'Authorization: Bearer KEY' on every route but /health.")
+@click.option("--model-name", default=None, help="Name clients use as `model` (default: the target's name).")
+@model_options
+@friendly_errors
+def serve(draft, policy, k, host, port, api_key, model_name, target, backend, n_ctx, threads, dtype, device) -> None:
+    """Serve the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics)."""
+    import logging
+
+    import uvicorn
+
+    from draftwise.loading import load_engine
+    from draftwise.server import create_app
+
+    speculation = SpeculationConfig(policy=policy, max_draft_tokens=k)
+    options = _load_options(backend, n_ctx, threads, dtype, device)
+    report = _progress_printer()
+    try:
+        engine = load_engine(target, draft, options=options, speculation=speculation, progress=report)
+    finally:
+        report.bars.stop()
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")
+    if api_key is None and host not in ("127.0.0.1", "localhost", "::1"):
+        click.echo(f"warning: serving on {host} without --api-key; anyone who can reach it can use it", err=True)
+    app = create_app(engine, model_name or engine.target.name, api_key=api_key)
+    uvicorn.run(app, host=host, port=port, log_level="info")
+
+
 def run() -> None:
     main()
 

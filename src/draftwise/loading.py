@@ -12,6 +12,7 @@ from pathlib import Path
 
 from draftwise import models
 from draftwise.backends.base import Backend
+from draftwise.backends.hf import DEVICES, DTYPES
 from draftwise.drafters import ModelDrafter, NgramDrafter
 from draftwise.engine import Engine
 from draftwise.types import ConfigError, SpeculationConfig
@@ -32,6 +33,10 @@ class LoadOptions:
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.device not in DEVICES and not self.device.startswith("cuda:"):
+            raise ConfigError(f"device must be one of {', '.join(DEVICES)} (or cuda:N), got {self.device!r}")
         if self.n_ctx < 16:
             raise ConfigError(f"n_ctx must be >= 16, got {self.n_ctx}")
         if self.threads is not None and self.threads < 1:

@@ -1,0 +1,350 @@
+"""PyTorch/transformers backend: a model directory, or a GGUF file dequantised by transformers.
+
+One sequence per backend in a transformers DynamicCache. `extend` runs one forward
+over the new tokens and returns logits for all of them; `truncate` crops the cache.
+torch and transformers are imported lazily: they are the optional `hf` extra.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import os
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from draftwise.backends.base import BackendError, Capabilities, ContextOverflowError
+from draftwise.types import ConfigError
+
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+DEVICES = ("cpu", "cuda", "auto")
+MAX_BATCH = 512  # tokens per forward when prefilling long prompts (bounds activation memory)
+
+# NOTE: llama.cpp stops on every token whose text is in this list (llama-vocab.cpp, "EOG"),
+# not only on the configured EOS. Mirroring it gives a transformers target and a llama.cpp
+# draft of the same GGUF identical EOS sets, so the engine's tokenizer check lets them mix.
+END_OF_GENERATION_TEXTS = (
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>",
+    "<EOT>", "<|end_of_text|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>",
+)
+
+
+def _torch():
+    try:
+        import torch
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        raise BackendError("the hf backend needs torch and transformers: pip install 'draftwise[hf]'") from exc
+    return torch
+
+
+class HFTokenizer:
+    """The Tokenizer seam over a transformers tokenizer.
+
+    vocab_size is the logits width, which may exceed the tokenizer (Qwen pads 151665
+    tokens to 151936 rows); ids past the tokenizer read as "[PAD<id>]", as in GGUF files.
+    """
+
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: Sequence[int] = ()) -> None:
+        self._tok = tokenizer
+        self._vocab_size = vocab_size
+        self._num_known = len(tokenizer)
+        eos = {int(t) for t in eos_token_ids if t is not None}
+        if tokenizer.eos_token_id is not None:
+            eos.add(int(tokenizer.eos_token_id))
+        vocab = tokenizer.get_vocab()
+        eos.update(vocab[text] for text in END_OF_GENERATION_TEXTS if text in vocab)
+        self.eos_token_ids = frozenset(t for t in eos if 0 <= t < vocab_size)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    def encode(self, text: str, *, add_special: bool = True) -> list[int]:
+        # Special-token text ("<|im_start|>") maps to its control token, as in llama.cpp.
+        return list(self._tok.encode(text, add_special_tokens=add_special))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        # Control tokens are not rendered (llama.cpp's detokenize does the same).
+        known = [int(i) for i in ids if 0 <= i < self._num_known]
+        return self._tok.decode(known, skip_special_tokens=True)
+
+    def token_text(self, token_id: int) -> str:
+        text = self._tok.convert_ids_to_tokens(token_id) if 0 <= token_id < self._num_known else None
+        return f"[PAD{token_id}]" if text is None else text
+
+    def apply_chat_template(self, messages: Sequence[dict], *, add_generation_prompt: bool = True) -> str:
+        if not getattr(self._tok, "chat_template", None):
+            raise BackendError("this model's tokenizer has no chat template; use a plain prompt")
+        return self._tok.apply_chat_template(list(messages), tokenize=False,
+                                             add_generation_prompt=add_generation_prompt)
+
+
+class ByteTokenizer:
+    """Fallback for a model without a tokenizer: token i < 256 is byte i, no chat template.
+
+    Example: encode("hi") -> [104, 105]; decode([104, 105, 300]) -> "hi" (300 is not a byte).
+    """
+
+    def __init__(self, vocab_size: int, eos_token_ids: Sequence[int] = ()) -> None:
+        self._vocab_size = vocab_size
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids if t is not None and 0 <= t < vocab_size)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    def encode(self, text: str, *, add_special: bool = True) -> list[int]:
+        return [b for b in text.encode("utf-8") if b < self._vocab_size]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return bytes(i for i in ids if 0 <= i < 256 and i not in self.eos_token_ids).decode("utf-8", errors="replace")
+
+    def token_text(self, token_id: int) -> str:
+        return chr(token_id) if 0 <= token_id < 256 else f"[PAD{token_id}]"
+
+    def apply_chat_template(self, messages: Sequence[dict], *, add_generation_prompt: bool = True) -> str:
+        raise BackendError("this model has no tokenizer, so no chat template; use a plain prompt or token ids")
+
+
+def _config_eos(model) -> list[int]:
+    ids: list[int] = []
+    for source in (model.config, getattr(model, "generation_config", None)):
+        value = getattr(source, "eos_token_id", None)
+        ids.extend(value if isinstance(value, (list, tuple)) else [value])
+    return [int(i) for i in ids if i is not None]
+
+
+def resolve_device(device: str) -> str:
+    """'auto' -> 'cuda' when available, else 'cpu'; 'cuda' without CUDA is an error."""
+    torch = _torch()
+    if device not in DEVICES and not device.startswith("cuda:"):
+        raise ConfigError(f"device must be one of {', '.join(DEVICES)} (or cuda:N), got {device!r}")
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise BackendError(f"device {device!r} asked for, but this torch build sees no CUDA device")
+    return device
+
+
+def resolve_dtype(dtype: str):
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    return getattr(_torch(), dtype)
+
+
+class HFBackend:
+    """A Backend over a transformers causal LM.
+
+    `HFBackend(path, dtype=..., device=...)` loads a model directory or a GGUF file;
+    `HFBackend.from_model(model, tokenizer)` wraps a model already in memory (tests).
+    """
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike,
+        *,
+        dtype: str = "float32",
+        device: str = "cpu",
+        n_ctx: int = 4096,
+        n_threads: int | None = None,
+        name: str | None = None,
+    ) -> None:
+        torch = _torch()
+        from transformers import AutoModelForCausalLM
+
+        path = Path(model_path)
+        if path.is_dir():
+            directory, gguf_file = path, None
+        elif path.is_file() and path.suffix == ".gguf":
+            directory, gguf_file = path.parent, path.name  # transformers dequantises every tensor
+        elif path.is_file():
+            raise ConfigError(f"{path} is neither a model directory nor a .gguf file")
+        else:
+            raise FileNotFoundError(f"model not found: {path}")
+        torch_dtype, torch_device = resolve_dtype(dtype), resolve_device(device)
+        if n_threads:
+            torch.set_num_threads(n_threads)  # NOTE: process-wide in torch, not per model
+        try:
+            model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf_file, dtype=torch_dtype)
+        except Exception as exc:  # OSError, ValueError, ImportError (accelerate, gguf), ...
+            raise BackendError(f"transformers could not load {path}: {exc}") from exc
+        model = model.to(torch_device).eval()
+        tokenizer = _load_tokenizer(directory, gguf_file, model)
+        stat = path.stat() if gguf_file else _dir_stat(path)
+        identity = f"hf:{path.resolve()}:{stat[0]}:{stat[1]}:{dtype}:{torch_device}"
+        self._setup(model, tokenizer, n_ctx=n_ctx, name=name or path.name, identity=identity)
+
+    @classmethod
+    def from_model(cls, model, tokenizer=None, *, name: str = "model", n_ctx: int = 4096) -> "HFBackend":
+        """Wrap a loaded model; tokenizer: a transformers tokenizer, a Tokenizer, or None (bytes)."""
+        _torch()
+        self = cls.__new__(cls)
+        digest = hashlib.sha256(model.config.to_json_string().encode()).hexdigest()[:16]
+        dtype = str(model.dtype).removeprefix("torch.")
+        identity = f"hf:{name}:{digest}:{dtype}:{model.device}"
+        self._setup(model.eval(), _wrap_tokenizer(tokenizer, model), n_ctx=n_ctx, name=name, identity=identity)
+        return self
+
+    def _setup(self, model, tokenizer, *, n_ctx: int, name: str, identity: str) -> None:
+        torch = _torch()
+        self._torch = torch
+        self._model = model
+        self._device = model.device
+        self._vocab_size = int(model.config.vocab_size)  # logits width; may exceed the tokenizer
+        max_positions = getattr(model.config, "max_position_embeddings", None) or n_ctx
+        self._n_ctx = min(n_ctx, max_positions)
+        # transformers 5.x renamed past_key_values= to cache=; older 5.x releases only know the former.
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._ids: list[int] = []
+        self._cache = self._new_cache()
+        self.name = name
+        self.identity = identity
+        self.tokenizer = tokenizer
+        dtype = str(model.dtype).removeprefix("torch.")
+        # Measured: on CPU, float32/float64 batched logits equal one-at-a-time ones; bf16 drifts.
+        exact = self._device.type == "cpu" and dtype in ("float32", "float64")
+        self.capabilities = Capabilities(exact=exact, device=str(self._device), dtype=dtype)
+        self.n_threads = torch.get_num_threads() if self._device.type == "cpu" else 0
+        self.num_forwards = 0
+
+    def _new_cache(self):
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self._model.config)
+
+    # ---------------------------------------------------------------- properties
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    @property
+    def n_ctx(self) -> int:
+        return self._n_ctx
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._ids)
+
+    @property
+    def cached_ids(self) -> list[int]:
+        return list(self._ids)
+
+    # ---------------------------------------------------------------- decoding
+    def _forward(self, ids: Sequence[int], all_logits: bool):
+        """Append ids to the cache; logits [len(ids), V] (all_logits) or [1, V] for the last."""
+        torch = self._torch
+        if len(self._ids) + len(ids) > self._n_ctx:
+            raise ContextOverflowError(f"{len(self._ids) + len(ids)} tokens exceed the context of {self._n_ctx}")
+        if min(ids) < 0 or max(ids) >= self._vocab_size:
+            raise BackendError(f"token id outside the vocabulary of {self._vocab_size}")
+        start = len(self._ids)
+        rows = []
+        try:
+            with torch.inference_mode():
+                for offset in range(0, len(ids), MAX_BATCH):
+                    chunk = [int(t) for t in ids[offset : offset + MAX_BATCH]]
+                    input_ids = torch.tensor([chunk], dtype=torch.long, device=self._device)  # [1, n]
+                    last_chunk = offset + len(chunk) == len(ids)
+                    # logits_to_keep=1 skips the vocabulary projection of rows nobody reads.
+                    keep = 0 if all_logits else 1
+                    out = self._model(input_ids=input_ids, use_cache=True, logits_to_keep=keep,
+                                      **{self._cache_kw: self._cache})
+                    self.num_forwards += 1
+                    self._ids.extend(chunk)
+                    if all_logits or last_chunk:
+                        rows.append(out.logits[0])  # [n or 1, V]
+        except BaseException:
+            self._restore(start)  # a failed forward may have grown some layers: undo it
+            raise
+        return rows[0] if len(rows) == 1 else torch.cat(rows)
+
+    def _to_numpy(self, logits) -> np.ndarray:
+        # One device -> host copy per call: verification needs every row on the host.
+        if logits.dtype not in (self._torch.float32, self._torch.float64):
+            logits = logits.float()
+        return logits.cpu().numpy()
+
+    def extend(self, ids: Sequence[int]) -> np.ndarray:
+        if not len(ids):
+            return np.zeros((0, self._vocab_size), dtype=np.float32)
+        return self._to_numpy(self._forward(ids, all_logits=True))
+
+    def prefill(self, ids: Sequence[int]) -> None:
+        if len(ids):
+            self._forward(ids, all_logits=False)
+
+    def _crop(self, n_keep: int) -> None:
+        """Crop every layer to n_keep positions (layers can differ after a failed forward)."""
+        for layer in self._cache.layers:
+            n_layer = layer.get_seq_length()
+            if n_layer > n_keep:
+                layer.crop(n_keep - n_layer)  # negative: drop that many trailing positions
+        lengths = {layer.get_seq_length() for layer in self._cache.layers}
+        if lengths - {n_keep} and not (n_keep == 0 and lengths <= {0}):
+            raise BackendError(f"the KV cache could not be cropped to {n_keep} positions (layers hold {lengths})")
+
+    def _restore(self, n_keep: int) -> None:
+        try:
+            self._crop(n_keep)
+            del self._ids[n_keep:]
+        except Exception:
+            self.reset()  # last resort: an empty cache is always consistent
+
+    def truncate(self, n_keep: int) -> None:
+        if not 0 <= n_keep <= len(self._ids):
+            raise BackendError(f"cannot truncate {len(self._ids)} cached positions to {n_keep}")
+        if n_keep == len(self._ids):
+            return
+        if n_keep == 0:
+            self.reset()
+            return
+        self._crop(n_keep)
+        del self._ids[n_keep:]
+
+    def reset(self) -> None:
+        self._cache = self._new_cache()
+        self._ids.clear()
+
+    def close(self) -> None:
+        self._ids.clear()
+        self._cache = None
+        if getattr(self, "_model", None) is not None:
+            on_cuda = self._device.type == "cuda"
+            self._model = None
+            if on_cuda:
+                self._torch.cuda.empty_cache()
+
+
+def _dir_stat(path: Path) -> tuple[int, int]:
+    """(total bytes, newest mtime) of a model directory's files: changes when weights do."""
+    files = [f.stat() for f in path.iterdir() if f.is_file()]
+    return sum(s.st_size for s in files), max((s.st_mtime_ns for s in files), default=0)
+
+
+def _wrap_tokenizer(tokenizer, model):
+    vocab_size = int(model.config.vocab_size)
+    if tokenizer is None:
+        return ByteTokenizer(vocab_size, _config_eos(model))
+    if hasattr(tokenizer, "convert_ids_to_tokens"):  # a transformers tokenizer
+        return HFTokenizer(tokenizer, vocab_size, _config_eos(model))
+    return tokenizer  # already implements the Tokenizer seam
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+
+
+def _load_tokenizer(directory: Path, gguf_file: str | None, model):
+    """The model's own tokenizer; a directory that has none gets byte-level ids."""
+    from transformers import AutoTokenizer
+
+    if gguf_file is None and not any((directory / f).is_file() for f in TOKENIZER_FILES):
+        return _wrap_tokenizer(None, model)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
+    except Exception as exc:  # the tokenizers library raises bare Exceptions
+        raise BackendError(f"transformers could not load the tokenizer of {directory / (gguf_file or '')}: {exc}") from exc
+    return _wrap_tokenizer(tokenizer, model)

@@ -1,0 +1,188 @@
+"""Benchmark prompts: Spec-Bench JSONL files, the shipped suites, and context padding.
+
+A prompt file holds one JSON object a line: {"question_id": int, "category": str,
+"turns": [str, ...], "reference"?: ...}. Any problem is reported as `FILE:LINE: why`.
+Suites ship in suites/<category>.jsonl; `full` is all of them, `quick` two per category.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from draftwise.types import ConfigError
+
+CATEGORIES = ("code", "code_edit", "structured", "chat", "multi_turn", "summarization", "rag", "math")
+QUICK_PER_CATEGORY = 2
+SUITES = ("quick", "full")
+
+
+class PromptFileError(ConfigError):
+    """A prompt file is malformed; the message names the file and the line."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    question_id: int
+    category: str
+    turns: tuple[str, ...]
+    reference: Any = None
+
+    def to_dict(self) -> dict:
+        out = {"question_id": self.question_id, "category": self.category, "turns": list(self.turns)}
+        if self.reference is not None:
+            out["reference"] = self.reference
+        return out
+
+
+def parse_prompt(obj: Any) -> Prompt:
+    """One decoded JSON value -> Prompt; raises ValueError saying what is wrong.
+
+    Example: {"question_id": 7, "category": "math", "turns": ["2+2?"]} -> Prompt(7, "math", ("2+2?",)).
+    """
+    if not isinstance(obj, dict):
+        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
+    qid = obj.get("question_id")
+    if isinstance(qid, bool) or not isinstance(qid, int):
+        raise ValueError(f"'question_id' must be an integer, got {qid!r}")
+    category = obj.get("category")
+    if not isinstance(category, str) or not category.strip():
+        raise ValueError(f"'category' must be a non-empty string, got {category!r}")
+    turns = obj.get("turns")
+    if not isinstance(turns, list) or not turns:
+        raise ValueError(f"'turns' must be a non-empty list of strings, got {turns!r:.80}")
+    for i, turn in enumerate(turns):
+        if not isinstance(turn, str) or not turn.strip():
+            raise ValueError(f"'turns'[{i}] must be a non-empty string, got {turn!r:.80}")
+    return Prompt(qid, category.strip(), tuple(turns), obj.get("reference"))
+
+
+def parse_lines(lines: Iterable[str], source: str) -> list[Prompt]:
+    """Parse JSONL text; blank lines are skipped; question ids must be unique."""
+    prompts: list[Prompt] = []
+    seen: dict[int, int] = {}
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise PromptFileError(f"{source}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+        try:
+            prompt = parse_prompt(obj)
+        except ValueError as exc:
+            raise PromptFileError(f"{source}:{lineno}: {exc}") from None
+        if prompt.question_id in seen:
+            raise PromptFileError(f"{source}:{lineno}: question_id {prompt.question_id} already used on line "
+                                  f"{seen[prompt.question_id]}")
+        seen[prompt.question_id] = lineno
+        prompts.append(prompt)
+    return prompts
+
+
+def load_prompts(path: str | Path) -> list[Prompt]:
+    """Read a Spec-Bench-style JSONL file. Raises FileNotFoundError or PromptFileError."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"prompt file not found: {path}")
+    with path.open(encoding="utf-8") as f:
+        prompts = parse_lines(f, str(path))
+    if not prompts:
+        raise PromptFileError(f"{path}: no prompts in the file")
+    return prompts
+
+
+def _suite_files() -> dict[str, Any]:
+    folder = resources.files("draftwise.bench") / "suites"
+    return {p.name[: -len(".jsonl")]: p for p in folder.iterdir() if p.name.endswith(".jsonl")}
+
+
+def available_suites() -> list[str]:
+    """'quick', 'full' and each shipped category file's name."""
+    return [*SUITES, *sorted(_suite_files())]
+
+
+def load_suite(name: str) -> list[Prompt]:
+    """'full': every shipped prompt; 'quick': the first two of each category; or one category file."""
+    files = _suite_files()
+    if name not in SUITES and name not in files:
+        raise ConfigError(f"unknown suite {name!r}; choose one of {', '.join(available_suites())}")
+    chosen = sorted(files) if name in SUITES else [name]
+    prompts: list[Prompt] = []
+    seen: dict[int, str] = {}
+    for stem in chosen:
+        source = f"suites/{stem}.jsonl"
+        for prompt in parse_lines(files[stem].read_text(encoding="utf-8").splitlines(), source):
+            if prompt.question_id in seen:
+                raise PromptFileError(f"{source}: question_id {prompt.question_id} also used in {seen[prompt.question_id]}")
+            seen[prompt.question_id] = source
+            prompts.append(prompt)
+    order = {c: i for i, c in enumerate(CATEGORIES)}
+    prompts.sort(key=lambda p: (order.get(p.category, len(order)), p.category, p.question_id))
+    if name == "quick":
+        prompts = take_per_category(prompts, QUICK_PER_CATEGORY)
+    return prompts
+
+
+def take_per_category(prompts: Sequence[Prompt], n: int) -> list[Prompt]:
+    """The first n prompts of each category, order kept."""
+    counts: dict[str, int] = {}
+    out = []
+    for p in prompts:
+        if counts.get(p.category, 0) < n:
+            counts[p.category] = counts.get(p.category, 0) + 1
+            out.append(p)
+    return out
+
+
+def filter_categories(prompts: Sequence[Prompt], categories: Sequence[str] | None) -> list[Prompt]:
+    """Keep the named categories; an unknown name is an error listing the ones present."""
+    if not categories:
+        return list(prompts)
+    present = sorted({p.category for p in prompts})
+    unknown = [c for c in categories if c not in present]
+    if unknown:
+        raise ConfigError(f"no prompts in categories {unknown}; present: {', '.join(present)}")
+    return [p for p in prompts if p.category in set(categories)]
+
+
+def pad_prompt(
+    prompt: Prompt,
+    num_tokens: int,
+    filler_text: str,
+    encode: Callable[[str], list[int]],
+    decode: Callable[[Sequence[int]], str],
+) -> Prompt:
+    """Prefix the first turn with unrelated reference text so it is about num_tokens long.
+
+    The filler is real text (other prompts of the suite), so the n-gram drafter and the
+    draft model see the kind of distracting context a long conversation has. A prompt
+    already at least that long is returned unchanged.
+    """
+    header = "Background material (not needed for the task below):\n\n"
+    footer = "\n\n---\n\nTask:\n"
+    have = len(encode(header + footer + prompt.turns[0]))
+    room = num_tokens - have
+    if room <= 0:
+        return prompt
+    filler_ids = encode(filler_text)
+    if not filler_ids:
+        raise ConfigError("no filler text to pad prompts with")
+    while len(filler_ids) < room:
+        filler_ids = filler_ids + filler_ids
+    padding = decode(filler_ids[:room])
+    first = header + padding + footer + prompt.turns[0]
+    return Prompt(prompt.question_id, prompt.category, (first, *prompt.turns[1:]), prompt.reference)
+
+
+def filler_for(prompt: Prompt, pool: Sequence[Prompt]) -> str:
+    """Text of the other prompts (never the prompt itself), rotated so each prompt gets different filler."""
+    others = [p for p in pool if p.question_id != prompt.question_id]
+    if not others:
+        others = list(pool)
+    start = prompt.question_id % len(others)
+    ordered = others[start:] + others[:start]
+    return "\n\n".join(t for p in ordered for t in p.turns)

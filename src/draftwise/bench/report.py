@@ -1,0 +1,401 @@
+"""The bench report: results.json -> report.md (per-category x method tables) and PNG plots.
+
+Aggregates: decode tokens/s is a mean over records, speedup a geometric mean of
+per-prompt ratios, acceptance and tokens/step are pooled (sums over records), so
+long outputs weigh more. Plots use matplotlib's object API (no pyplot global state).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from draftwise.bench.prompts import CATEGORIES
+
+TABLE_HEADERS = ("category", "method", "n", "tok/s", "speedup", "acceptance", "tokens/step", "identical",
+                 "mem overhead MB", "errors")
+
+
+# ---------------------------------------------------------------------------- grouping
+def variant_label(record: dict) -> str:
+    """'baseline', 'ngram k=4', 'draft k=4 dT=0.7'."""
+    label = record["method"]
+    if record.get("k") is not None:
+        label += f" k={record['k']}"
+    if record.get("draft_temperature") is not None:
+        label += f" dT={record['draft_temperature']:g}"
+    return label
+
+
+def setting_of(record: dict) -> tuple[float, int | None]:
+    return (float(record["temperature"]), record.get("context_tokens"))
+
+
+def setting_label(setting: tuple[float, int | None]) -> str:
+    temperature, ctx = setting
+    text = "greedy (T=0)" if temperature == 0 else f"T={temperature:g}"
+    return text + (f", context padded to ~{ctx} tokens" if ctx else "")
+
+
+def geomean(values: Iterable[float]) -> float | None:
+    values = [v for v in values if v is not None and v > 0]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def _variant_order(records: Sequence[dict]) -> list[str]:
+    seen: dict[str, None] = {}
+    for r in records:
+        seen.setdefault(variant_label(r), None)
+    return sorted(seen, key=lambda v: (v != "baseline", list(seen).index(v)))
+
+
+def _category_order(records: Sequence[dict]) -> list[str]:
+    present = {r["category"] for r in records}
+    return [c for c in CATEGORIES if c in present] + sorted(present - set(CATEGORIES))
+
+
+def aggregate(records: Sequence[dict]) -> dict:
+    """Summary numbers of a group of records (one category x variant, say)."""
+    ok = [r for r in records if not r.get("error")]
+    drafted = sum(r["num_drafted"] for r in ok)
+    steps = sum(r["num_steps"] for r in ok)
+    same = [r["identical_to_baseline"] for r in ok if r.get("identical_to_baseline") is not None]
+    overhead = [r["memory_overhead_mb"] for r in records if r.get("memory_overhead_mb") is not None]
+    return {
+        "n": len(ok),
+        "errors": len(records) - len(ok),
+        "tokens_per_second": sum(r["decode_tokens_per_second"] for r in ok) / len(ok) if ok else None,
+        "speedup": geomean(r.get("speedup") for r in ok),
+        "acceptance_rate": sum(r["num_accepted"] for r in ok) / drafted if drafted else None,
+        "tokens_per_step": sum(r["num_generated"] for r in ok) / steps if steps else None,
+        "identical": sum(same) / len(same) if same else None,
+        "memory_overhead_mb": max(overhead) if overhead else None,
+    }
+
+
+def category_rows(records: Sequence[dict]) -> list[tuple]:
+    """Rows of the per-category x method table (one setting), ending with 'all' rows per method."""
+    by_key: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for r in records:
+        by_key[(r["category"], variant_label(r))].append(r)
+    variants = _variant_order(records)
+    rows = []
+    for category in [*_category_order(records), "all"]:
+        for variant in variants:
+            group = [r for r in records if variant_label(r) == variant] if category == "all" else by_key.get((category, variant))
+            if group:
+                rows.append((category, variant, *_format(aggregate(group))))
+    return rows
+
+
+def _format(a: dict) -> tuple:
+    def num(v, fmt):
+        return "-" if v is None else format(v, fmt)
+
+    return (str(a["n"]), num(a["tokens_per_second"], ".1f"), "-" if a["speedup"] is None else f"{a['speedup']:.2f}x",
+            num(a["acceptance_rate"], ".0%"), num(a["tokens_per_step"], ".2f"), num(a["identical"], ".0%"),
+            "-" if a["memory_overhead_mb"] is None else f"{a['memory_overhead_mb']:+.0f}", str(a["errors"]))
+
+
+def by_setting(records: Sequence[dict]) -> dict[tuple, list[dict]]:
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in records:
+        groups[setting_of(r)].append(r)
+    return dict(sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)))
+
+
+def stability(records: Sequence[dict]) -> dict[str, dict]:
+    """Per variant: tokens/s in the first and last window, and late/early (second half over first half)."""
+    out = {}
+    for variant in _variant_order(records):
+        series = [[w for w in r.get("tokens_per_second_windows") or [] if w] for r in records
+                  if variant_label(r) == variant and not r.get("error")]
+        series = [s for s in series if len(s) >= 2]
+        if not series:
+            continue
+        ratios = [(sum(s[len(s) // 2:]) / len(s[len(s) // 2:])) / (sum(s[: len(s) // 2]) / len(s[: len(s) // 2]))
+                  for s in series]
+        out[variant] = {"n": len(series), "first": sum(s[0] for s in series) / len(series),
+                        "last": sum(s[-1] for s in series) / len(series), "late_over_early": geomean(ratios),
+                        "windows": max(len(s) for s in series)}
+    return out
+
+
+# ---------------------------------------------------------------------------- markdown
+def markdown_table(headers: Sequence[str], rows: Iterable[Sequence]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def render_markdown(results: dict, plots: Sequence[str] = ()) -> str:
+    records = results.get("records", [])
+    config, meta = results.get("config", {}), results.get("meta", {})
+    out = ["# draftwise bench report", ""]
+    target = meta.get("target", "?")
+    out.append(f"Target `{target}`" + (f", draft model `{meta['draft_model']}`" if meta.get("draft_model") else "")
+               + f"; drafters loaded: {', '.join(meta.get('drafters', [])) or 'none'}; prompts: {meta.get('prompts', '?')}.")
+    out.append(f"Methods {', '.join(config.get('methods', []))}; max_tokens {config.get('max_tokens')}; "
+               f"k {config.get('ks')}; repeats {config.get('repeats')} (median kept); "
+               f"{len(records)} records{'' if results.get('complete') else ' (run incomplete)'}.")
+    out += ["", "**How measured.** tok/s = generated tokens / decode time (prefill excluded), mean over prompts. "
+            "Before each prompt a short warm-up per drafter puts the prompt in every cache, then the methods run "
+            "back to back on it, so drift cancels and all start alike. speedup = a method's tok/s / the same "
+            "prompt and turn's baseline tok/s, geometric mean. acceptance = accepted / drafted draft tokens and "
+            "tokens/step = generated tokens / target forwards, both pooled over prompts. identical = greedy output "
+            "token-for-token equal to baseline. mem overhead = resident memory with the draft model loaded and "
+            "used minus without it.", ""]
+    settings = by_setting(records)
+    for setting, group in settings.items():
+        out += [f"## {setting_label(setting)}", ""]
+        headline = []
+        for variant in _variant_order(group):
+            if variant == "baseline":
+                continue
+            g = geomean(r.get("speedup") for r in group if variant_label(r) == variant and not r.get("error"))
+            headline.append(f"{variant} **{g:.2f}x**" if g else f"{variant} -")
+        if headline:
+            out += ["Overall geometric-mean speedup vs baseline: " + ", ".join(headline) + ".", ""]
+        out += [markdown_table(TABLE_HEADERS, category_rows(group)), ""]
+        stab = stability(group)
+        if stab:
+            out += [f"Speed over the output (windows of {group[0].get('window_tokens', 32)} tokens; late/early = "
+                    "mean tok/s of the second half of the windows / the first half, geometric mean over prompts):", ""]
+            out.append(markdown_table(("method", "prompts", "windows", "first window tok/s", "last window tok/s",
+                                       "late/early"),
+                                      [(v, s["n"], s["windows"], f"{s['first']:.1f}", f"{s['last']:.1f}",
+                                        f"{s['late_over_early']:.2f}") for v, s in stab.items()]))
+            out.append("")
+    contexts = sorted({r.get("context_tokens") for r in records if r.get("context_tokens")})
+    if len(contexts) > 1:
+        out += ["## Context sweep", "", "Prompts padded with unrelated text to about N tokens; all categories pooled.", ""]
+        rows = []
+        for temperature in sorted({float(r["temperature"]) for r in records}):
+            for variant in _variant_order(records):
+                for ctx in contexts:
+                    group = [r for r in records if r.get("context_tokens") == ctx and variant_label(r) == variant
+                             and float(r["temperature"]) == temperature]
+                    if group:
+                        a = _format(aggregate(group))
+                        rows.append((f"{temperature:g}", variant, ctx, a[1], a[2], a[3], a[4]))
+        out += [markdown_table(("T", "method", "context tokens", "tok/s", "speedup", "acceptance", "tokens/step"),
+                               rows), ""]
+    memory = meta.get("memory") or {}
+    if memory:
+        out += ["## Memory", "", markdown_table(("measure", "MB"), [(k, v) for k, v in memory.items()]), ""]
+    errors = _errors(records)
+    if errors:
+        out += ["## Errors", "", markdown_table(("method", "records", "first error"), errors), ""]
+    if plots:
+        out += ["## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots] + [""]
+    return "\n".join(out)
+
+
+def _errors(records: Sequence[dict]) -> list[tuple]:
+    failed: dict[str, list[str]] = defaultdict(list)
+    for r in records:
+        if r.get("error"):
+            failed[variant_label(r)].append(r["error"])
+    return [(v, len(msgs), msgs[0].replace("|", "/")[:200]) for v, msgs in failed.items()]
+
+
+# ---------------------------------------------------------------------------- plots
+def _figure(num_rows: int = 1, width: float = 9.0, height: float = 4.0):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height * num_rows), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = [fig.add_subplot(num_rows, 1, i + 1) for i in range(num_rows)]
+    return fig, axes
+
+
+def plot_speedup_by_category(records: Sequence[dict], path: Path) -> Path | None:
+    settings = {s: g for s, g in by_setting(records).items() if any(r.get("speedup") for r in g)}
+    if not settings:
+        return None
+    fig, axes = _figure(len(settings))
+    for ax, (setting, group) in zip(axes, settings.items()):
+        variants = [v for v in _variant_order(group) if v != "baseline"]
+        categories = _category_order(group) + ["all"]
+        width = 0.8 / max(1, len(variants))
+        for i, variant in enumerate(variants):
+            values = []
+            for c in categories:
+                rs = [r for r in group if variant_label(r) == variant and (c == "all" or r["category"] == c)
+                      and not r.get("error")]
+                values.append(geomean(r.get("speedup") for r in rs) or 0.0)
+            ax.bar([j + i * width - 0.4 + width / 2 for j in range(len(categories))], values, width, label=variant)
+        ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+        ax.set_xticks(range(len(categories)), categories, rotation=20)
+        ax.set_ylabel("speedup vs baseline (geo. mean)")
+        ax.set_title(f"Speedup by category — {setting_label(setting)}")
+        ax.legend(fontsize="small")
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def plot_tokens_per_second_over_output(records: Sequence[dict], path: Path) -> Path | None:
+    settings = {s: g for s, g in by_setting(records).items() if any(r.get("tokens_per_second_windows") for r in g)}
+    if not settings:
+        return None
+    fig, axes = _figure(len(settings))
+    for ax, (setting, group) in zip(axes, settings.items()):
+        for variant in _variant_order(group):
+            sums: dict[int, list[float]] = defaultdict(list)
+            window = 32
+            for r in group:
+                if variant_label(r) != variant or r.get("error"):
+                    continue
+                window = r.get("window_tokens", window)
+                for i, v in enumerate(r.get("tokens_per_second_windows") or []):
+                    if v:
+                        sums[i].append(v)
+            if sums:
+                xs = sorted(sums)
+                ax.plot([(i + 1) * window for i in xs], [sum(sums[i]) / len(sums[i]) for i in xs], marker="o",
+                        markersize=3, label=variant)
+        ax.set_xlabel("output position (tokens, end of window)")
+        ax.set_ylabel("tokens/s (mean over prompts)")
+        ax.set_title(f"Tokens/s over the output — {setting_label(setting)}")
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize="small")
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def plot_acceptance_by_position(records: Sequence[dict], path: Path) -> Path | None:
+    pooled: dict[str, tuple[list[int], list[int]]] = {}
+    for r in records:
+        if r.get("error") or not r.get("position_drafted"):
+            continue
+        label = variant_label(r) + ("" if r["temperature"] == 0 else f" T={r['temperature']:g}")
+        drafted, accepted = pooled.setdefault(label, ([], []))
+        for i, (d, a) in enumerate(zip(r["position_drafted"], r["position_accepted"])):
+            if i >= len(drafted):
+                drafted.append(0)
+                accepted.append(0)
+            drafted[i] += d
+            accepted[i] += a
+    if not pooled:
+        return None
+    fig, (ax,) = _figure(1)
+    for label, (drafted, accepted) in pooled.items():
+        xs = [i + 1 for i, d in enumerate(drafted) if d]
+        ax.plot(xs, [accepted[i - 1] / drafted[i - 1] for i in xs], marker="o", markersize=3, label=label)
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("fraction of drafts accepted at this position")
+    ax.set_ylim(0, 1.02)
+    ax.set_title("Acceptance by draft position (pooled over prompts)")
+    ax.legend(fontsize="small")
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def calibrated_curves(records: Sequence[dict], meta: dict) -> dict[str, list[tuple[int, float]]]:
+    """Cost curves (n new tokens -> ms) found in meta['calibration'] or in the policy snapshots.
+
+    Accepted shapes: {"target": {"1": 30.6, "2": 61.4}, ...} or {"target_cost_ms": [30.6, 61.4, ...]}
+    (list index i is n = i + 1). Whatever the auto policy reports under a key containing 'cost'.
+    """
+    found: dict[str, list[tuple[int, float]]] = {}
+
+    def visit(obj, name: str) -> None:
+        if isinstance(obj, dict):
+            if obj and all(_is_int(k) and isinstance(v, (int, float)) for k, v in obj.items()):
+                if "cost" in name or name in ("target", "draft") or "calibrat" in name:
+                    found.setdefault(name, sorted((int(k), float(v)) for k, v in obj.items()))
+                return
+            for k, v in obj.items():
+                visit(v, f"{name}.{k}" if name else str(k))
+        elif isinstance(obj, list) and obj and all(isinstance(v, (int, float)) for v in obj) and "cost" in name:
+            found.setdefault(name, [(i + 1, float(v)) for i, v in enumerate(obj)])
+
+    if meta.get("calibration"):
+        visit(meta["calibration"], "calibration")
+    for r in records:
+        if isinstance(r.get("policy"), dict):
+            visit(r["policy"], "policy")
+    return found
+
+
+def _is_int(text) -> bool:
+    try:
+        int(text)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+def plot_cost_curve(records: Sequence[dict], meta: dict, path: Path) -> Path | None:
+    """Measured: ms per target forward vs tokens verified per forward, one point per record.
+
+    Calibrated curves (if the auto policy or a calibration run reported them) are drawn as lines.
+    """
+    points: dict[str, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
+    for r in records:
+        if r.get("error") or not r.get("num_steps"):
+            continue
+        xs, ys = points[r["method"]]
+        xs.append(1 + r["num_drafted"] / r["num_steps"])
+        ys.append((r["verify_ms"] if r["num_drafted"] else r["decode_ms"]) / r["num_steps"])
+    curves = calibrated_curves(records, meta)
+    if not points and not curves:
+        return None
+    fig, (ax,) = _figure(1)
+    for method, (xs, ys) in points.items():
+        ax.scatter(xs, ys, s=12, label=f"measured: {method}")
+    for name, curve in curves.items():
+        ax.plot([n for n, _ in curve], [ms for _, ms in curve], marker="x", label=f"calibrated: {name}")
+    ax.set_xlabel("tokens per target forward (1 + drafted tokens per step)")
+    ax.set_ylabel("ms per forward")
+    ax.set_title("Cost of one verification forward")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize="small")
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def plot_context_sweep(records: Sequence[dict], path: Path) -> Path | None:
+    contexts = sorted({r.get("context_tokens") for r in records if r.get("context_tokens")})
+    if len(contexts) < 2:
+        return None
+    fig, axes = _figure(2)
+    for variant in _variant_order(records):
+        speed, acc = [], []
+        for ctx in contexts:
+            a = aggregate([r for r in records if variant_label(r) == variant and r.get("context_tokens") == ctx])
+            speed.append(a["speedup"])
+            acc.append(a["acceptance_rate"])
+        if variant != "baseline" and any(speed):
+            axes[0].plot(contexts, [s or float("nan") for s in speed], marker="o", label=variant)
+        if any(a is not None for a in acc):
+            axes[1].plot(contexts, [a if a is not None else float("nan") for a in acc], marker="o", label=variant)
+    for ax, ylabel in zip(axes, ("speedup vs baseline", "acceptance rate")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("prompt length (tokens)")
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize="small")
+    axes[0].axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    axes[0].set_title("Speedup and acceptance vs context length")
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def write_report(results: dict, out_dir: str | Path) -> Path:
+    """Write report.md and the PNG plots next to it; returns the report's path."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    records = results.get("records", [])
+    plots = [
+        plot_speedup_by_category(records, out_dir / "speedup_by_category.png"),
+        plot_tokens_per_second_over_output(records, out_dir / "tokens_per_second_over_output.png"),
+        plot_acceptance_by_position(records, out_dir / "acceptance_by_position.png"),
+        plot_cost_curve(records, results.get("meta", {}), out_dir / "cost_curve.png"),
+        plot_context_sweep(records, out_dir / "context_sweep.png"),
+    ]
+    path = out_dir / "report.md"
+    path.write_text(render_markdown(results, [str(p) for p in plots if p is not None]))
+    return path

@@ -1,0 +1,454 @@
+"""The bench runner: prompts x methods x sweep settings through the public Engine API.
+
+Per prompt (and padded context length): one short warm-up per drafter, so every
+measured run starts with the prompt cached; then, per temperature, all method variants
+run back to back on that prompt, `repeats` times, keeping the median run. results.json
+is rewritten after every prompt, so an interrupted run keeps what it finished.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Protocol, Sequence
+
+from draftwise.bench.methods import MethodSpec, parse_methods
+from draftwise.bench.prompts import Prompt, filler_for, pad_prompt
+from draftwise.bench.timing import WindowClock, current_rss_mb, peak_rss_mb
+from draftwise.types import ConfigError, SamplingParams, SpeculationConfig
+
+FORMAT = "draftwise-bench/1"
+WARMUP_TOKENS = 4
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What to run. Each combination of temperature x k x draft_temperature is one record set.
+
+    k and draft_temperature only apply to speculative methods (draft_temperature only to
+    methods with a model drafter); baseline runs once per prompt and temperature.
+    context_lengths pads prompts to about that many tokens (empty: no padding).
+    """
+
+    methods: tuple[str, ...] = ("baseline", "ngram")
+    max_tokens: int = 256
+    temperatures: tuple[float, ...] = (0.0,)
+    ks: tuple[int, ...] = (4,)
+    draft_temperatures: tuple[float | None, ...] = (None,)
+    repeats: int = 1
+    context_lengths: tuple[int, ...] = ()
+    seed: int = 0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    ignore_eos: bool = False
+    window_tokens: int = 32
+
+    def __post_init__(self) -> None:
+        for name in ("methods", "temperatures", "ks", "draft_temperatures", "context_lengths"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        if not self.methods:
+            raise ConfigError("methods: give at least one method")
+        if not self.temperatures or any(t < 0 for t in self.temperatures):
+            raise ConfigError(f"temperatures must be >= 0, got {list(self.temperatures)}")
+        if not self.ks or any(not 1 <= k <= 256 for k in self.ks):
+            raise ConfigError(f"k values must be in [1, 256], got {list(self.ks)}")
+        if not self.draft_temperatures or any(t is not None and t < 0 for t in self.draft_temperatures):
+            raise ConfigError(f"draft temperatures must be >= 0 (or None: same as the target), got {list(self.draft_temperatures)}")
+        if self.repeats < 1:
+            raise ConfigError(f"repeats must be >= 1, got {self.repeats}")
+        if self.max_tokens < 1:
+            raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if any(n < 16 for n in self.context_lengths):
+            raise ConfigError(f"context lengths must be >= 16 tokens, got {list(self.context_lengths)}")
+        if self.window_tokens < 1:
+            raise ConfigError(f"window_tokens must be >= 1, got {self.window_tokens}")
+        for name in ("temperatures", "ks", "draft_temperatures", "context_lengths"):
+            values = getattr(self, name)
+            if len(set(values)) != len(values):
+                raise ConfigError(f"{name}: a value is given twice in {list(values)}")
+        SamplingParams(top_k=self.top_k, top_p=self.top_p, min_p=self.min_p)  # validates the filters
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way of decoding a prompt: a method at one k and draft temperature."""
+
+    method: MethodSpec
+    k: int | None = None
+    draft_temperature: float | None = None
+
+    def speculation(self) -> SpeculationConfig:
+        return self.method.speculation(self.k or 1, self.draft_temperature)
+
+
+class ProgressSink(Protocol):
+    def start(self, total: int) -> None: ...
+    def update(self, description: str) -> None: ...
+    def advance(self, n: int = 1) -> None: ...
+    def close(self) -> None: ...
+
+
+class RichProgress:
+    """A rich progress bar on stderr: prompt, method, done/total, elapsed and ETA."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                                   TimeRemainingColumn)
+
+        self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                             TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                             console=Console(stderr=True))
+        self._task = None
+
+    def start(self, total: int) -> None:
+        self._bar.start()
+        self._task = self._bar.add_task("bench", total=total)
+
+    def update(self, description: str) -> None:
+        self._bar.update(self._task, description=description)
+
+    def advance(self, n: int = 1) -> None:
+        self._bar.advance(self._task, n)
+
+    def close(self) -> None:
+        self._bar.stop()
+
+
+# ---------------------------------------------------------------------------- results file
+def save_results(path: Path, results: dict) -> None:
+    """Write atomically (temp file + rename): a crash mid-write never leaves half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(results, indent=1, allow_nan=False))
+    os.replace(tmp, path)
+
+
+def load_results(path: Path) -> dict:
+    try:
+        results = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path} is not valid JSON ({exc.msg}, line {exc.lineno}); cannot resume") from None
+    if results.get("format") != FORMAT:
+        raise ConfigError(f"{path} is not a draftwise bench results file (format {results.get('format')!r})")
+    return results
+
+
+def unit_key(question_id: int, context_tokens: int | None, temperature: float) -> tuple:
+    """A prompt at one context length and temperature: the unit that is saved (and resumed) whole."""
+    return (int(question_id), context_tokens, float(temperature))
+
+
+# ---------------------------------------------------------------------------- the runner
+class BenchRunner:
+    """Runs a BenchConfig on an engine; `run()` returns the results dict (also on disk)."""
+
+    def __init__(self, engine, prompts: Sequence[Prompt], config: BenchConfig, out_dir: str | Path, *,
+                 resume: bool = False, progress: ProgressSink | None = None, meta: dict | None = None,
+                 filler_pool: Sequence[Prompt] | None = None) -> None:
+        self.engine = engine
+        self.prompts = list(prompts)
+        self.config = config
+        self.out_dir = Path(out_dir)
+        self.path = self.out_dir / "results.json"
+        self.progress = progress
+        self.filler_pool = list(filler_pool) if filler_pool is not None else self.prompts
+        self.drafter_objects = {d.name: d for d in engine.drafters}
+        self.methods = parse_methods(config.methods, list(self.drafter_objects))
+        self.variants = self._variants()
+        meta = dict(meta or {})
+        meta.setdefault("drafters", list(self.drafter_objects))
+        meta.setdefault("host", {"platform": platform.platform(), "python": platform.python_version(),
+                                 "cpus": os.cpu_count()})
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        if resume and self.path.exists():
+            self.results = load_results(self.path)
+            _check_same_run(self.results, config, meta, self.path)
+            self.results["complete"] = False
+        elif self.path.exists() and not resume:
+            raise ConfigError(f"{self.path} already exists; pass --resume to continue it or choose another --out")
+        else:
+            meta["started_at"] = _now()
+            self.results = {"format": FORMAT, "config": config.to_dict(), "meta": meta, "complete": False,
+                            "records": []}
+        self.memory = self.results["meta"].setdefault("memory", {})
+
+    def _variants(self) -> list[Variant]:
+        out = []
+        for m in self.methods:
+            if not m.enabled:
+                out.append(Variant(m))
+                continue
+            samples = any(not getattr(self.drafter_objects[d], "free", True) for d in m.drafters)
+            for k in self.config.ks:
+                for dt in (self.config.draft_temperatures if samples else (None,)):
+                    out.append(Variant(m, k, dt))
+        return out
+
+    def _uses_model(self, variant: Variant) -> bool:
+        return any(getattr(self.drafter_objects[d], "backend", None) is not None for d in variant.method.drafters)
+
+    # ------------------------------------------------------------------ loop
+    def run(self) -> dict:
+        cfg = self.config
+        contexts: tuple[int | None, ...] = cfg.context_lengths or (None,)
+        done = {unit_key(r["question_id"], r.get("context_tokens"), r["temperature"]) for r in self.results["records"]}
+        per_unit = lambda p: len(p.turns) * len(self.variants) * cfg.repeats  # noqa: E731
+        total = sum(per_unit(p) for p in self.prompts) * len(contexts) * len(cfg.temperatures)
+        if self.progress:
+            self.progress.start(total)
+        try:
+            for prompt in self.prompts:
+                for ctx in contexts:
+                    todo = [t for t in cfg.temperatures if unit_key(prompt.question_id, ctx, t) not in done]
+                    if self.progress and len(todo) < len(cfg.temperatures):
+                        self.progress.advance(per_unit(prompt) * (len(cfg.temperatures) - len(todo)))
+                    if not todo:
+                        continue
+                    padded = self._pad(prompt, ctx)
+                    cold = self._warmup(padded)
+                    for temperature in todo:
+                        records = self._run_unit(padded, prompt, ctx, temperature, cold)
+                        self.results["records"].extend(records)
+                        save_results(self.path, self.results)
+            self.results["complete"] = True
+            self.results["meta"]["finished_at"] = _now()
+            save_results(self.path, self.results)
+        finally:
+            if self.progress:
+                self.progress.close()
+        return self.results
+
+    def _pad(self, prompt: Prompt, ctx: int | None) -> Prompt:
+        if ctx is None:
+            return prompt
+        tok = self.engine.tokenizer
+        return pad_prompt(prompt, ctx, filler_for(prompt, self.filler_pool),
+                          lambda text: tok.encode(text, add_special=False), tok.decode)
+
+    def _warmup(self, prompt: Prompt) -> dict[str, dict]:
+        """Decode a few tokens plainly and with each drafter: caches hold the prompt, code paths are hot.
+
+        Returns per drafter ("" = plain) the warm-up's prefill and draft times: the plain
+        one's prefill is the prompt's cold prefill cost, a model drafter's draft_ms its own.
+        """
+        messages = [{"role": "user", "content": prompt.turns[0]}]
+        sampling = SamplingParams(max_tokens=min(WARMUP_TOKENS, self.config.max_tokens), ignore_eos=True)
+        needed = sorted({d for v in self.variants for d in v.method.drafters})
+        out: dict[str, dict] = {}
+        rss_before = current_rss_mb()
+        for name in ["", *needed]:
+            spec = (SpeculationConfig(enabled=False) if not name
+                    else SpeculationConfig(policy="fixed", max_draft_tokens=2))
+            if self.progress:
+                self.progress.update(f"q{prompt.question_id} {prompt.category} · warm-up {name or 'plain'}")
+            try:
+                result = self.engine.generate(messages=messages, sampling=sampling, speculation=spec,
+                                              drafters=[name] if name else None)
+            except Exception:  # the measured runs will record the failure
+                continue
+            out[name] = {"prefill_ms": result.stats.prefill_ms, "draft_ms": result.stats.draft_ms}
+            if not name:
+                rss_before = current_rss_mb()
+        if "draft_runtime_overhead_mb" not in self.memory and any(
+                getattr(self.drafter_objects[n], "backend", None) is not None for n in out if n):
+            # NOTE: model weights are memory-mapped and count once touched, so the draft model's
+            # share of RSS shows after its first use; measured once, on the first prompt.
+            self.memory["draft_runtime_overhead_mb"] = round(max(0.0, current_rss_mb() - rss_before), 1)
+        return out
+
+    def _run_unit(self, prompt: Prompt, original: Prompt, ctx: int | None, temperature: float,
+                  cold: dict[str, dict]) -> list[dict]:
+        cfg = self.config
+        sampling = SamplingParams(temperature=temperature, top_k=cfg.top_k, top_p=cfg.top_p, min_p=cfg.min_p,
+                                  seed=cfg.seed, max_tokens=cfg.max_tokens, ignore_eos=cfg.ignore_eos)
+        runs: dict[tuple[int, int], list[dict]] = {}
+        for _ in range(cfg.repeats):
+            for vi, variant in enumerate(self.variants):
+                history: list[dict] = []
+                for turn, text in enumerate(prompt.turns):
+                    if self.progress:
+                        self.progress.update(f"q{prompt.question_id} {prompt.category} · "
+                                             f"{_describe(variant)} · turn {turn + 1}/{len(prompt.turns)}"
+                                             + (f" · T={temperature:g}" if len(cfg.temperatures) > 1 else ""))
+                    messages = [*history, {"role": "user", "content": text}]
+                    run = self._measure(messages, sampling, variant)
+                    runs.setdefault((vi, turn), []).append(run)
+                    if self.progress:
+                        self.progress.advance()
+                    if run["error"]:
+                        for later in range(turn + 1, len(prompt.turns)):
+                            runs.setdefault((vi, later), []).append(
+                                {"error": f"skipped: turn {turn} failed ({run['error']})"})
+                            if self.progress:
+                                self.progress.advance()
+                        break
+                    history = [*messages, {"role": "assistant", "content": run["text"]}]
+        records = []
+        for (vi, turn), tries in sorted(runs.items()):
+            variant = self.variants[vi]
+            record = {
+                "question_id": original.question_id, "category": original.category, "turn": turn,
+                "method": variant.method.name, "policy_name": variant.method.policy if variant.method.enabled else "none",
+                "drafters": list(variant.method.drafters), "k": variant.k, "draft_temperature": variant.draft_temperature,
+                "temperature": temperature, "context_tokens": ctx, "seed": cfg.seed,
+                "max_tokens": cfg.max_tokens, "repeats": len(tries),
+                "cold_prefill_ms": cold.get("", {}).get("prefill_ms"),
+                "cold_draft_ms": _cold_draft_ms(variant, cold, self._uses_model(variant)),
+                "memory_overhead_mb": (self.memory.get("draft_overhead_mb", self.memory.get("draft_runtime_overhead_mb"))
+                                       if self._uses_model(variant) else 0.0),
+            }
+            failed = [t["error"] for t in tries if t["error"]]
+            if failed:
+                record.update(error=failed[0], speedup=None, identical_to_baseline=None)
+            else:
+                ordered = sorted(tries, key=lambda t: t["decode_tokens_per_second"])
+                best = dict(ordered[(len(ordered) - 1) // 2])  # the (lower) median run, kept whole
+                best["repeats_tokens_per_second"] = [t["decode_tokens_per_second"] for t in tries]
+                record.update(best)
+            records.append(record)
+        _compare_with_baseline(records, greedy=temperature == 0.0)
+        for r in records:
+            r.pop("_token_ids", None)
+        return records
+
+    def _measure(self, messages: list[dict], sampling: SamplingParams, variant: Variant) -> dict:
+        engine = self.engine
+        try:
+            gen = engine.stream(messages=messages, sampling=sampling, speculation=variant.speculation(),
+                                drafters=list(variant.method.drafters) or None)
+            clock = WindowClock()
+            for piece in gen:
+                clock.piece(piece)
+            wall_ms = 1000 * (time.perf_counter() - clock.start)
+            result = gen.result
+        except Exception as exc:  # one failing method must not end the run
+            return {"error": f"{type(exc).__name__}: {exc}"}
+        stats = result.stats
+        windows = clock.windows(result.token_ids, engine.tokenizer.decode, stats.prefill_ms / 1000,
+                                self.config.window_tokens)
+        return {
+            "error": None,
+            "new_tokens": stats.num_generated,
+            **stats.to_dict(),
+            "decode_tokens_per_second": stats.tokens_per_second,
+            "position_drafted": list(stats.position_drafted),
+            "position_accepted": list(stats.position_accepted),
+            "window_tokens": self.config.window_tokens,
+            "tokens_per_second_windows": windows,
+            "wall_ms": wall_ms,
+            "rss_mb": round(current_rss_mb(), 1),
+            "peak_rss_mb": round(peak_rss_mb(), 1),
+            "text": result.text,
+            "_token_ids": list(result.token_ids),
+        }
+
+
+def _compare_with_baseline(records: list[dict], greedy: bool) -> None:
+    """speedup = decode tok/s over the same prompt and turn's baseline; identical: greedy only."""
+    base = {r["turn"]: r for r in records if r["policy_name"] == "none" and not r.get("error")}
+    for r in records:
+        if r.get("error"):
+            continue
+        b = base.get(r["turn"])
+        if b is None:
+            r["speedup"], r["identical_to_baseline"] = None, None
+            continue
+        b_tps = b["decode_tokens_per_second"]
+        r["speedup"] = r["decode_tokens_per_second"] / b_tps if b_tps > 0 else None
+        r["identical_to_baseline"] = (r["_token_ids"] == b["_token_ids"]) if greedy else None
+
+
+def _cold_draft_ms(variant: Variant, cold: dict[str, dict], uses_model: bool) -> float | None:
+    if not uses_model:
+        return None
+    values = [cold[d]["draft_ms"] for d in variant.method.drafters if d in cold]
+    return max(values) if values else None
+
+
+def _describe(variant: Variant) -> str:
+    parts = [variant.method.name]
+    if variant.k is not None:
+        parts.append(f"k={variant.k}")
+    if variant.draft_temperature is not None:
+        parts.append(f"dT={variant.draft_temperature:g}")
+    return " ".join(parts)
+
+
+def _check_same_run(results: dict, config: BenchConfig, meta: dict, path: Path) -> None:
+    old, new = results.get("config", {}), config.to_dict()
+    for key in new:
+        if _norm(old.get(key)) != _norm(new[key]):
+            raise ConfigError(f"cannot resume {path}: {key} was {old.get(key)!r}, now {new[key]!r}; "
+                              "use the same settings or another --out")
+    for key in ("target", "draft_model"):
+        if key in meta and results.get("meta", {}).get(key) != meta[key]:
+            raise ConfigError(f"cannot resume {path}: {key} was {results['meta'].get(key)!r}, now {meta[key]!r}")
+
+
+def _norm(value: Any) -> Any:
+    return json.loads(json.dumps(value))  # tuples -> lists, as stored
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def run_bench(engine, prompts: Sequence[Prompt], config: BenchConfig, out_dir: str | Path, **kwargs) -> dict:
+    """Run the bench and return the results dict; results.json in out_dir is kept up to date."""
+    return BenchRunner(engine, prompts, config, out_dir, **kwargs).run()
+
+
+# ---------------------------------------------------------------------------- loading with memory probes
+@dataclass
+class LoadedBench:
+    engine: Any
+    memory: dict = field(default_factory=dict)
+
+
+def load_bench_engine(target: str, draft_model: str | None, *, need_draft: bool, options, progress=None) -> LoadedBench:
+    """Load the target (+ n-gram drafter) and, only if a method needs it, the draft model.
+
+    Resident memory is read before loading, after the target has decoded a few tokens,
+    and after the draft model has too (mapped weights count once touched), so the draft
+    model's memory overhead is the difference: target+draft minus target alone.
+    """
+    from draftwise.drafters import ModelDrafter, NgramDrafter
+    from draftwise.engine import Engine
+    from draftwise.loading import load_backend
+
+    memory = {"rss_start_mb": round(current_rss_mb(), 1)}
+    target_backend = load_backend(target, options, progress)
+    ngram = NgramDrafter(options.ngram_min, options.ngram_max)
+    engine = Engine(target_backend, [ngram])
+    _touch(engine, None)
+    memory["rss_target_mb"] = round(current_rss_mb(), 1)
+    memory["target_overhead_mb"] = round(memory["rss_target_mb"] - memory["rss_start_mb"], 1)
+    if need_draft:
+        if not draft_model:
+            raise ConfigError("a method needs the draft model, but none is set (--draft-model)")
+        try:
+            draft_backend = load_backend(draft_model, options, progress)
+            engine = Engine(target_backend, [ngram, ModelDrafter(draft_backend, name="draft")])
+        except BaseException:
+            target_backend.close()
+            raise
+        _touch(engine, "draft")
+        memory["rss_target_and_draft_mb"] = round(current_rss_mb(), 1)
+        memory["draft_overhead_mb"] = round(memory["rss_target_and_draft_mb"] - memory["rss_target_mb"], 1)
+    memory["peak_rss_after_load_mb"] = round(peak_rss_mb(), 1)
+    return LoadedBench(engine, memory)
+
+
+def _touch(engine, drafter: str | None) -> None:
+    spec = SpeculationConfig(enabled=False) if drafter is None else SpeculationConfig(policy="fixed", max_draft_tokens=2)
+    engine.generate("The quick brown fox jumps over the lazy dog. " * 4, sampling=SamplingParams(max_tokens=8),
+                    speculation=spec, drafters=[drafter] if drafter else None)

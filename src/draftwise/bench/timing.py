@@ -1,0 +1,69 @@
+"""Timing and memory probes for the bench: per-window tokens/s from stream arrivals, RSS.
+
+The engine streams text pieces as tokens are committed; `WindowClock` notes when each
+piece arrives and, once the token ids are known, maps window boundaries (every 32
+tokens) to times by interpolating over characters, which gives tokens/s per window.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+from typing import Callable, Sequence
+
+import numpy as np
+
+
+class WindowClock:
+    """Arrival times of streamed text, turned into tokens/s over windows of the output."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.times: list[float] = []  # seconds since start, one per piece
+        self.chars: list[int] = []  # cumulative characters after each piece
+
+    def piece(self, text: str) -> None:
+        self.times.append(time.perf_counter() - self.start)
+        self.chars.append((self.chars[-1] if self.chars else 0) + len(text))
+
+    def windows(self, token_ids: Sequence[int], decode: Callable[[Sequence[int]], str], decode_start_s: float,
+                window: int = 32) -> list[float | None]:
+        """Tokens/s of each full window of `window` tokens (a shorter output: one partial window).
+
+        decode_start_s is when decoding began (after prefill), in seconds since start.
+        Boundary token b arrives when the stream has carried len(decode(ids[:b])) characters;
+        within one piece (one verification step) characters are spread evenly over the time
+        since the previous piece, so a long accepted draft does not give an infinite rate.
+        Example: 64 tokens streamed evenly over 2 s after decode_start 0 -> [32.0, 32.0].
+        """
+        n = len(token_ids)
+        if n == 0 or not self.times:
+            return []
+        bounds = list(range(window, n + 1, window)) or [n]
+        xp = np.asarray([0, *self.chars], dtype=float)
+        fp = np.asarray([decode_start_s, *self.times], dtype=float)
+        keep = np.concatenate([[True], np.diff(xp) > 0])  # np.interp needs increasing x
+        xp, fp = xp[keep], fp[keep]
+        out = []
+        prev_b, prev_t = 0, decode_start_s
+        for b in bounds:
+            c = len(decode(list(token_ids[:b])))
+            t = float(np.interp(c, xp, fp))
+            dt = t - prev_t
+            out.append(round((b - prev_b) / dt, 2) if dt > 0 else None)
+            prev_b, prev_t = b, t
+        return out
+
+
+def current_rss_mb() -> float:
+    """Resident set size of this process now, in MB (file-backed model pages included)."""
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process so far, in MB (it only grows)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes on macOS, KiB on Linux

@@ -1,0 +1,201 @@
+"""The `auto` policy: per step, the drafter and k that maximise expected tokens per second.
+
+For each candidate (drafter, k), including k = 0 (plain decoding), expected committed
+tokens E(k) = 1 + sum_j prod_{i<=j} c_i from per-position conditional acceptance
+estimates c_i, divided by expected time = draft cost(k) + target cost(k + 1) from
+calibrated cost curves, rescaled online by how long steps really took.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from draftwise.calibrate import CostCurve, load_or_measure
+from draftwise.drafters.base import Drafter
+from draftwise.policy import Plan, PlanState
+from draftwise.types import Draft, SpeculationConfig, StepStats
+
+MAX_K = 32
+# Prior conditional acceptance of an n-gram proposal by the length of the matched suffix.
+NGRAM_BUCKETS = (1, 2, 3, 4, 5, 8, 16, 32)
+NGRAM_PRIORS = (0.25, 0.35, 0.45, 0.5, 0.6, 0.7, 0.8, 0.9)
+DRAFT_MODEL_PRIOR = 0.7
+
+
+def ngram_bucket(match_length: float) -> int:
+    """Index of the bucket for a matched-suffix length. Example: 6 -> 4 (the 5..7 bucket)."""
+    index = 0
+    for i, lower in enumerate(NGRAM_BUCKETS):
+        if match_length >= lower:
+            index = i
+    return index
+
+
+@dataclass
+class AcceptanceEstimate:
+    """Smoothed c_i = P(draft token i accepted | tokens before it accepted), per position.
+
+    Only positions the verifier actually judged are observed: after the first rejection
+    later positions say nothing. Old observations decay so the estimate follows the text.
+    """
+
+    prior: float
+    prior_weight: float = 3.0
+    decay: float = 0.9
+    hits: list[float] = field(default_factory=list)
+    trials: list[float] = field(default_factory=list)
+
+    def rate(self, i: int) -> float:
+        if i < len(self.trials):
+            return (self.hits[i] + self.prior * self.prior_weight) / (self.trials[i] + self.prior_weight)
+        return self.prior
+
+    def update(self, num_drafted: int, num_accepted: int) -> None:
+        for i in range(min(num_drafted, num_accepted + 1)):
+            while len(self.trials) <= i:
+                self.trials.append(0.0)
+                self.hits.append(0.0)
+            self.trials[i] = self.trials[i] * self.decay + 1.0
+            self.hits[i] = self.hits[i] * self.decay + float(i < num_accepted)
+
+    def expected_tokens(self, k: int) -> list[float]:
+        """[E(0), E(1), ..., E(k)]: expected committed tokens when drafting j tokens."""
+        out, survive, total = [1.0], 1.0, 1.0
+        for i in range(k):
+            survive *= self.rate(i)
+            total += survive
+            out.append(total)
+        return out
+
+    def summary(self, n: int = 8) -> list[float]:
+        return [round(self.rate(i), 3) for i in range(n)]
+
+
+class _Scale:
+    """Online ratio of observed to predicted time (machine load, context length)."""
+
+    def __init__(self, alpha: float = 0.1) -> None:
+        self.value, self.alpha = 1.0, alpha
+
+    def update(self, observed: float, predicted: float) -> None:
+        if predicted > 0 and observed > 0:
+            ratio = min(max(observed / predicted, 0.2), 5.0)
+            self.value += self.alpha * (ratio - self.value)
+
+
+class AutoPolicy:
+    name = "auto"
+
+    def __init__(self, target=None, *, target_cost: CostCurve | None = None,
+                 draft_costs: dict[str, CostCurve] | None = None, max_k: int = MAX_K,
+                 calibrate: bool = True) -> None:
+        self.target = target
+        self.target_cost = target_cost
+        self.draft_costs = dict(draft_costs or {})
+        self.max_k = max_k
+        self.calibrate = calibrate
+        self._drafters: list[Drafter] = []
+        self._estimates: dict[tuple[str, int], AcceptanceEstimate] = {}
+        self._target_scale = _Scale()
+        self._draft_scale: dict[str, _Scale] = {}
+        self._last: tuple[tuple[str, int], float, float] | None = None  # (estimate key, predicted verify, draft)
+        self.last_decision: dict = {}
+
+    # ---------------------------------------------------------------- set-up
+    def begin(self, drafters: Sequence[Drafter], speculation: SpeculationConfig) -> None:
+        self._drafters = list(drafters) if speculation.enabled else []
+        if self.target_cost is None:
+            if self.target is None or not self.calibrate:
+                raise ValueError("the auto policy needs a target cost curve or a target backend to calibrate")
+            self.target_cost = load_or_measure(self.target, max_n=self.max_k + 1)
+        for d in self._drafters:
+            backend = getattr(d, "backend", None)
+            if backend is not None and d.name not in self.draft_costs:
+                if not self.calibrate:
+                    raise ValueError(f"the auto policy needs a cost curve for drafter {d.name!r}")
+                self.draft_costs[d.name] = load_or_measure(backend, max_n=self.max_k)
+
+    def _estimate(self, key: tuple[str, int], prior: float) -> AcceptanceEstimate:
+        est = self._estimates.get(key)
+        if est is None:
+            est = self._estimates[key] = AcceptanceEstimate(prior=prior)
+        return est
+
+    def _target_ms(self, n: int) -> float:
+        return self.target_cost.ms(n) * self._target_scale.value
+
+    # ---------------------------------------------------------------- planning
+    def plan(self, state: PlanState) -> Plan:
+        plain_ms = self._target_ms(1)
+        best_rate, best = 1.0 / plain_ms, Plan(None, 0)
+        best_info: tuple = (("none", 0), plain_ms, 0.0)
+        k_cap = min(self.max_k, state.max_k)
+        for drafter in self._drafters if k_cap > 0 else ():
+            if drafter.free:
+                # Free drafters propose first: the proposal's length and match bound k.
+                draft = drafter.propose(state.context, k_cap)
+                if not len(draft):
+                    continue
+                bucket = ngram_bucket(draft.score)
+                key = (drafter.name, bucket)
+                est = self._estimate(key, NGRAM_PRIORS[bucket])
+                expected = est.expected_tokens(len(draft))
+                for k in range(1, len(draft) + 1):
+                    t = self._target_ms(k + 1)
+                    if expected[k] / t > best_rate:
+                        best_rate = expected[k] / t
+                        best = Plan(drafter, k, _trim(draft, k))
+                        best_info = (key, t, 0.0)
+            else:
+                key = (drafter.name, 0)
+                est = self._estimate(key, DRAFT_MODEL_PRIOR)
+                cost = self.draft_costs[drafter.name]
+                scale = self._draft_scale.setdefault(drafter.name, _Scale()).value
+                backend = getattr(drafter, "backend", None)
+                missing = max(1, len(state.context) - (backend.num_cached if backend is not None else 0))
+                first_ms = cost.ms(min(missing, cost.max_n)) * scale
+                step_ms = cost.ms(1) * scale
+                expected = est.expected_tokens(k_cap)
+                for k in range(1, k_cap + 1):
+                    draft_ms = first_ms + step_ms * (k - 1)
+                    t = draft_ms + self._target_ms(k + 1)
+                    if expected[k] / t > best_rate:
+                        best_rate = expected[k] / t
+                        best = Plan(drafter, k)
+                        best_info = (key, self._target_ms(k + 1), draft_ms)
+                if best.drafter is drafter and hasattr(drafter, "min_confidence"):
+                    # Stop drafting when the draft's own confidence is below what one more
+                    # token must earn: (its draft + verify cost) x the plain rate.
+                    marginal_ms = step_ms + self._target_ms(best.k + 1) - self._target_ms(best.k)
+                    drafter.min_confidence = min(0.95, max(0.0, marginal_ms / plain_ms) * 0.5)
+        self._last = best_info
+        self.last_decision = {"drafter": best_info[0][0], "k": best.k, "expected_tokens_per_s": 1000 * best_rate}
+        return best
+
+    def observe(self, step: StepStats) -> None:
+        if self._last is None:
+            return
+        key, predicted_verify, predicted_draft = self._last
+        self._target_scale.update(step.verify_ms, predicted_verify)
+        if step.num_drafted and key[0] != "none":
+            self._estimates[key].update(step.num_drafted, step.num_accepted)
+            if predicted_draft > 0 and key[0] in self._draft_scale:
+                self._draft_scale[key[0]].update(step.draft_ms, predicted_draft)
+        self._last = None
+
+    def snapshot(self) -> dict:
+        return {
+            "policy": self.name,
+            "target_cost_ms": {n: round(self._target_ms(n), 2) for n in (1, 2, 4, 8, 16, 32)},
+            "target_time_scale": round(self._target_scale.value, 3),
+            "acceptance": {f"{name}/{bucket}": est.summary() for (name, bucket), est in sorted(self._estimates.items())},
+            "draft_time_scale": {name: round(s.value, 3) for name, s in self._draft_scale.items()},
+        }
+
+
+def _trim(draft: Draft, k: int) -> Draft:
+    if len(draft) <= k:
+        return draft
+    probs = None if draft.draft_probs is None else draft.draft_probs[:k]
+    return Draft(draft.token_ids[:k], probs, draft.source, draft.score)

@@ -1,0 +1,247 @@
+"""OpenAI wire schemas (pydantic): chat and text completion requests, their responses and
+stream chunks, the model list and the error body.
+
+Requests are strict (a string where a number belongs is a 422, not a silent coercion) and
+ignore unknown fields, as OpenAI clients send many. `top_k`, `min_p`, `ignore_eos` and
+`speculation` are draftwise extensions; `usage.speculative` carries the DESIGN.md section-5
+metrics of the request.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+StopString = Annotated[str, Field(min_length=1)]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class StreamOptions(_Request):
+    include_usage: bool = False
+
+
+class SpeculationOptions(_Request):
+    """Extension: override the server's speculation settings for one request."""
+
+    policy: Literal["auto", "fixed", "heuristic"] | None = None
+    max_draft_tokens: int | None = Field(None, ge=1, le=256)
+    drafters: list[str] | None = Field(None, description="Subset of the server's drafters by name, e.g. ['ngram'].")
+    enabled: bool | None = None
+
+
+class _GenerationRequest(_Request):
+    """Fields shared by /v1/completions and /v1/chat/completions."""
+
+    model: str
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2, description="Default 1.0, as OpenAI; 0 is greedy.")
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0, description="Extension: 0 disables it.")
+    min_p: float | None = Field(None, ge=0, lt=1, description="Extension: 0 disables it.")
+    seed: int | None = Field(None, description="Taken modulo 2**64.")
+    stop: StopString | Annotated[list[StopString], Field(max_length=16)] | None = None
+    n: int | None = Field(None, description="Only 1 is supported.")
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float | None = Field(None, description="Only 0 is supported.")
+    frequency_penalty: float | None = Field(None, description="Only 0 is supported.")
+    logit_bias: dict[str, float] | None = Field(None, description="Not supported (must be empty).")
+    user: str | None = None
+    ignore_eos: bool = Field(False, description="Extension: keep generating past EOS (benchmarks).")
+    speculation: SpeculationOptions | None = None
+
+    def unsupported(self) -> str | None:
+        """Name of the first field set to a value this server cannot honour, else None."""
+        if self.presence_penalty:
+            return "presence_penalty"
+        if self.frequency_penalty:
+            return "frequency_penalty"
+        if self.logit_bias:
+            return "logit_bias"
+        return None
+
+
+class ContentPart(_Request):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Request):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(_GenerationRequest):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: int | None = Field(None, ge=1, description="Preferred over max_tokens when both are set.")
+    logprobs: bool | None = Field(None, description="Not supported.")
+    top_logprobs: int | None = Field(None, description="Not supported.")
+    tools: list[dict[str, Any]] | None = Field(None, description="Not supported.")
+    response_format: dict[str, Any] | None = Field(None, description="Only {'type': 'text'}.")
+
+    def unsupported(self) -> str | None:
+        if self.logprobs or self.top_logprobs:
+            return "logprobs"
+        if self.tools:
+            return "tools"
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            return "response_format"
+        return super().unsupported()
+
+
+TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+
+
+class CompletionRequest(_GenerationRequest):
+    prompt: str | TokenIds | Annotated[list[str], Field(min_length=1)] | Annotated[list[TokenIds], Field(min_length=1)]
+    logprobs: int | None = Field(None, description="Not supported.")
+    echo: bool | None = Field(None, description="Not supported.")
+    suffix: str | None = Field(None, description="Not supported.")
+    best_of: int | None = Field(None, description="Only 1 is supported.")
+
+    def unsupported(self) -> str | None:
+        if self.logprobs:
+            return "logprobs"
+        if self.echo:
+            return "echo"
+        if self.suffix:
+            return "suffix"
+        if self.best_of not in (None, 1):
+            return "best_of"
+        return super().unsupported()
+
+
+# ---------------------------------------------------------------------- responses
+class SpeculativeUsage(BaseModel):
+    """The request's section-5 metrics (RequestStats.to_dict()) plus the draft model's reuse."""
+
+    model_config = ConfigDict(extra="allow")
+
+    num_prompt_tokens: int
+    num_reused_tokens: int = Field(description="Prompt tokens whose target KV entries came from the last request.")
+    num_draft_reused_tokens: int = Field(
+        0, description="Prompt tokens the draft model already held in its KV cache when the request started.")
+    num_generated: int
+    num_drafted: int
+    num_accepted: int
+    num_steps: int
+    acceptance_rate: float
+    mean_accepted_tokens: float
+    tokens_per_step: float
+    accepted_per_position: list[float]
+    tokens_per_second: float = Field(description="Generated tokens over decode time (prefill excluded).")
+    tokens_per_second_e2e: float = Field(description="Generated tokens over prefill + decode time.")
+    finish_reason: str
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
+    speculative: SpeculativeUsage | None = None
+
+
+FinishReason = Literal["stop", "length"]
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: FinishReason | None
+    logprobs: None = None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    system_fingerprint: str | None = None
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChatDelta
+    finish_reason: FinishReason | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+    system_fingerprint: str | None = None
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    finish_reason: FinishReason | None = None
+    logprobs: None = None
+
+
+class Completion(BaseModel):
+    """Both the whole response and each stream chunk (OpenAI uses one shape for both)."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    system_fingerprint: str | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "draftwise"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+class Health(BaseModel):
+    status: Literal["ok"] = "ok"
+    model: str
+    queue_length: int
+    running: bool

@@ -1,0 +1,101 @@
+"""llama.cpp backend on tiny random GGUF models the test writes itself (seconds)."""
+
+import numpy as np
+import pytest
+
+from draftwise.backends.base import BackendError, ContextOverflowError
+from draftwise.backends.llamacpp import LlamaCppBackend
+from draftwise.drafters import ModelDrafter, NgramDrafter
+from draftwise.engine import Engine, TokenizerMismatchError
+from draftwise.types import SamplingParams, SpeculationConfig
+
+PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n"
+
+
+@pytest.fixture(scope="module")
+def target(tiny_gguf_dir):
+    backend = LlamaCppBackend(tiny_gguf_dir / "target.gguf", n_ctx=512, n_threads=1)
+    yield backend
+    backend.close()
+
+
+def test_rollback_property(target):
+    """extend -> truncate -> extend gives the same logits' argmax as a fresh run."""
+    ids = target.tokenizer.encode(PROMPT)
+    target.reset()
+    target.prefill(ids[:10])
+    first = target.extend(ids[10:20])  # [10, V]
+    target.truncate(12)
+    assert target.num_cached == 12 and target.cached_ids == ids[:12]
+    again = target.extend(ids[12:20])
+    np.testing.assert_array_equal(again.argmax(-1), first[2:].argmax(-1))
+    target.reset()
+    fresh = target.extend(ids[:20])
+    np.testing.assert_array_equal(fresh[10:].argmax(-1), first.argmax(-1))
+    np.testing.assert_allclose(fresh[10:], first, atol=5e-3)
+
+
+def test_batched_matches_one_at_a_time(target):
+    ids = target.tokenizer.encode(PROMPT)[:16]
+    target.reset()
+    batched = target.extend(ids)
+    target.reset()
+    single = np.concatenate([target.extend([t]) for t in ids])
+    np.testing.assert_array_equal(batched.argmax(-1), single.argmax(-1))
+
+
+def test_truncate_out_of_range_raises(target):
+    target.reset()
+    target.prefill([1, 2, 3])
+    with pytest.raises(BackendError):
+        target.truncate(5)
+    with pytest.raises(ContextOverflowError):
+        target.prefill(list(range(100)) * 6)
+    assert target.cached_ids == [1, 2, 3]  # a failed call leaves the cache as it was
+
+
+def test_bad_token_id_raises_and_keeps_state(target):
+    target.reset()
+    target.prefill([1, 2])
+    with pytest.raises(BackendError):
+        target.extend([5, 10_000])
+    assert target.cached_ids == [1, 2]
+
+
+@pytest.mark.parametrize("k", [1, 2, 5])
+@pytest.mark.parametrize("drafter", ["draft", "twin", "ngram"])
+def test_greedy_equivalence_tiny(tiny_gguf_dir, target, drafter, k):
+    drafters = [NgramDrafter(1, 3)]
+    if drafter != "ngram":
+        drafters = [ModelDrafter(LlamaCppBackend(tiny_gguf_dir / f"{drafter}.gguf", n_ctx=512, n_threads=1),
+                                 name=drafter)]
+    engine = Engine(target, drafters)
+    sampling = SamplingParams(max_tokens=40, ignore_eos=True)
+    plain = engine.generate(PROMPT, sampling=sampling, speculation=SpeculationConfig(enabled=False))
+    spec = engine.generate(PROMPT, sampling=sampling, speculation=SpeculationConfig(policy="fixed", max_draft_tokens=k))
+    assert spec.token_ids == plain.token_ids
+    assert spec.stats.num_drafted > 0
+    if drafter == "twin":
+        assert spec.stats.acceptance_rate > 0.9
+
+
+def test_chat_template_and_prefix_reuse(target):
+    engine = Engine(target)
+    messages = [{"role": "user", "content": "hi there"}]
+    first = engine.generate(messages=messages, sampling=SamplingParams(max_tokens=5))
+    second = engine.generate(messages=messages, sampling=SamplingParams(max_tokens=5))
+    assert second.token_ids == first.token_ids
+    assert second.stats.num_reused_tokens == second.stats.num_prompt_tokens - 1
+
+
+def test_tokenizer_mismatch_is_refused(tiny_gguf_dir, target, tmp_path):
+    from tiny_gguf import write_tiny_gguf
+
+    other = LlamaCppBackend(write_tiny_gguf(tmp_path / "other.gguf", n_embd=32), n_ctx=128, n_threads=1)
+    assert other.vocab_size == target.vocab_size  # same size: texts must be compared too
+    # A toy backend has a different vocabulary altogether.
+    from draftwise.backends.toy import ToyBackend, ToyModel
+
+    with pytest.raises(TokenizerMismatchError, match="does not share the tokenizer"):
+        Engine(target, [ModelDrafter(ToyBackend(ToyModel(vocab_size=target.vocab_size)))])
+    Engine(target, [ModelDrafter(other)])  # same tokenizer: accepted

@@ -1,0 +1,76 @@
+"""Write tiny random GGUF models (llama architecture, byte-level gpt2 vocabulary) for tests.
+
+vocab 258 (256 bytes + <s> + </s>), n_embd 64, 2 layers: writes and loads in milliseconds.
+Tensors are given as (out, in) numpy arrays; the gguf writer reverses them to ggml order.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+def _bytes_to_unicode() -> list[str]:
+    """GPT-2's reversible byte -> printable character map (token text of each byte)."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return [chars[b] for b in range(256)]
+
+
+def write_tiny_gguf(path: Path, *, seed: int = 0, n_embd: int = 64, n_layers: int = 2, n_ff: int = 128,
+                    n_head: int = 4, n_head_kv: int = 2, scale: float = 0.3, chat_template: str | None = None) -> Path:
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    tokens = _bytes_to_unicode() + ["<s>", "</s>"]
+    vocab = len(tokens)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_context_length(512)
+    writer.add_embedding_length(n_embd)
+    writer.add_block_count(n_layers)
+    writer.add_feed_forward_length(n_ff)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_head_kv)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_dimension_count(n_embd // n_head)
+    writer.add_vocab_size(vocab)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * 256 + [3, 3])
+    writer.add_token_merges(["Ġ Ġ"])  # at least one merge, or the writer drops the list
+    writer.add_bos_token_id(256)
+    writer.add_eos_token_id(257)
+    writer.add_add_bos_token(False)
+    if chat_template:
+        writer.add_chat_template(chat_template)
+
+    def t(*shape):
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    head_dim = n_embd // n_head
+    writer.add_tensor("token_embd.weight", t(vocab, n_embd))
+    writer.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
+    writer.add_tensor("output.weight", t(vocab, n_embd) * 4)
+    for i in range(n_layers):
+        writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        writer.add_tensor(f"blk.{i}.attn_q.weight", t(n_embd, n_embd))
+        writer.add_tensor(f"blk.{i}.attn_k.weight", t(n_head_kv * head_dim, n_embd))
+        writer.add_tensor(f"blk.{i}.attn_v.weight", t(n_head_kv * head_dim, n_embd))
+        writer.add_tensor(f"blk.{i}.attn_output.weight", t(n_embd, n_embd))
+        writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        writer.add_tensor(f"blk.{i}.ffn_gate.weight", t(n_ff, n_embd))
+        writer.add_tensor(f"blk.{i}.ffn_up.weight", t(n_ff, n_embd))
+        writer.add_tensor(f"blk.{i}.ffn_down.weight", t(n_embd, n_ff))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
