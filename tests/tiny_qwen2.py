@@ -79,7 +79,8 @@ def write_qwen2_gguf(model, path: Path, chat_template: str | None = CHAT_TEMPLAT
     writer.add_feed_forward_length(cfg.intermediate_size)
     writer.add_head_count(cfg.num_attention_heads)
     writer.add_head_count_kv(cfg.num_key_value_heads)
-    writer.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+    rope = getattr(cfg, "rope_parameters", None) or {"rope_theta": cfg.rope_theta}  # older 5.x: rope_theta
+    writer.add_rope_freq_base(float(rope["rope_theta"]))
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("qwen2")

@@ -250,6 +250,170 @@ def serve(draft, policy, k, host, port, api_key, model_name, target, backend, n_
     uvicorn.run(app, host=host, port=port, log_level="info")
 
 
+def _csv(kind, allow_same: bool = False):
+    """A click callback: '0,0.7' -> (0.0, 0.7); 'same' -> None when allow_same."""
+
+    def parse(ctx, param, value):
+        if value is None:
+            return None
+        out = []
+        for part in (p.strip() for p in value.split(",")):
+            if not part:
+                continue
+            if allow_same and part.lower() in ("same", "none"):
+                out.append(None)
+                continue
+            try:
+                out.append(kind(part))
+            except ValueError:
+                raise click.BadParameter(f"{part!r} is not a valid {kind.__name__}") from None
+        if not out:
+            raise click.BadParameter("give at least one value")
+        return tuple(out)
+
+    return parse
+
+
+@main.command()
+@click.option("--suite", default=None, help="Shipped prompts: quick (2 per category), full, or one category's file. "
+              "Default: quick.")
+@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
+              help="A Spec-Bench-style JSONL prompt file instead of a suite.")
+@click.option("--categories", default=None, help="Only these categories, comma-separated.")
+@click.option("--methods", default="baseline,auto,draft,ngram", show_default=True,
+              help="Comma-separated: baseline, draft, ngram, heuristic, auto, D1+D2 (auto over both), POLICY:D.")
+@click.option("--max-tokens", type=int, default=None, help="Per turn. Default: 128 for --suite quick, else 256.")
+@click.option("--temperature", callback=_csv(float), default="0", show_default=True,
+              help="Target temperature(s), comma-separated: one record set each (0 = greedy).")
+@click.option("--draft-temperature", callback=_csv(float, allow_same=True), default="same", show_default=True,
+              help="Draft model temperature(s), comma-separated; 'same' = the target's.")
+@click.option("--k", "ks", callback=_csv(int), default="4", show_default=True,
+              help="Draft length(s) k, comma-separated: one record set each.")
+@click.option("--repeats", type=int, default=1, show_default=True, help="Run each prompt N times; keep the median.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--top-p", type=float, default=1.0, show_default=True)
+@click.option("--top-k", type=int, default=0, show_default=True)
+@click.option("--min-p", type=float, default=0.0, show_default=True)
+@click.option("--ignore-eos", is_flag=True, help="Always generate --max-tokens tokens (for speed over long outputs).")
+@click.option("--context-sweep", is_flag=True, help="Pad prompts to each --context-lengths size.")
+@click.option("--context-lengths", callback=_csv(int), default="256,1024,4096", show_default=True)
+@click.option("--draft-model", default=models.DEFAULT_DRAFT, show_default=True,
+              help="Draft model for the draft/heuristic/auto methods ('none': n-gram only). Loaded only if needed.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="bench-out", show_default=True)
+@click.option("--resume", is_flag=True, help="Continue the results.json in --out, skipping finished prompts.")
+@click.option("--report-only", is_flag=True, help="Only rewrite report.md and the plots from --out/results.json.")
+@model_options
+@friendly_errors
+def bench(suite, prompts_file, categories, methods, max_tokens, temperature, draft_temperature, ks, repeats, seed,
+          top_p, top_k, min_p, ignore_eos, context_sweep, context_lengths, draft_model, out_dir, resume, report_only,
+          target, backend, n_ctx, threads, dtype, device) -> None:
+    """Benchmark methods per task category; writes results.json, report.md and PNG plots to --out."""
+    from pathlib import Path
+
+    from draftwise.bench import prompts as bench_prompts
+    from draftwise.bench import report as bench_report
+    from draftwise.bench.methods import parse_methods
+    from draftwise.bench.runner import BenchConfig, BenchRunner, RichProgress, load_bench_engine, load_results
+    from draftwise.types import ConfigError
+
+    out = Path(out_dir)
+    if report_only:
+        results = load_results(out / "results.json")
+        click.echo(f"report: {bench_report.write_report(results, out)}", err=True)
+        _print_bench_tables(results)
+        return
+    if suite and prompts_file:
+        raise ConfigError("give --suite or --prompts, not both")
+    if prompts_file:
+        pool = bench_prompts.load_prompts(prompts_file)
+        source = str(prompts_file)
+    else:
+        suite = suite or "quick"
+        pool = bench_prompts.load_suite(suite)
+        source = f"suite {suite}"
+    chosen = bench_prompts.filter_categories(pool, [c.strip() for c in categories.split(",")] if categories else None)
+    if max_tokens is None:
+        max_tokens = 128 if suite == "quick" else 256
+    draft_model = None if draft_model in (None, "", "none") else draft_model
+    specs = parse_methods(methods, ["ngram", "draft"] if draft_model else ["ngram"])
+    need_draft = any("draft" in m.drafters for m in specs)
+    config = BenchConfig(methods=tuple(m.name for m in specs), max_tokens=max_tokens, temperatures=temperature,
+                         ks=ks, draft_temperatures=draft_temperature, repeats=repeats,
+                         context_lengths=context_lengths if context_sweep else (), seed=seed, top_k=top_k,
+                         top_p=top_p, min_p=min_p, ignore_eos=ignore_eos)
+    if config.context_lengths:
+        needed = max(config.context_lengths) + 2 * max_tokens + 256
+        if needed > n_ctx:
+            click.echo(f"note: raising --n-ctx from {n_ctx} to {needed} for the context sweep", err=True)
+            n_ctx = needed
+    if not any(not m.enabled for m in specs):
+        click.echo("note: no baseline among the methods, so speedup and identical are not computed", err=True)
+    options = _load_options(backend, n_ctx, threads, dtype, device)
+    report = _progress_printer()
+    try:
+        loaded = load_bench_engine(target, draft_model, need_draft=need_draft, options=options, progress=report)
+    finally:
+        report.bars.stop()
+    meta = {"target": target, "draft_model": draft_model if need_draft else None, "prompts": source,
+            "num_prompts": len(chosen), "backend": backend, "n_ctx": n_ctx, "threads": threads,
+            "memory": loaded.memory}
+    runner = BenchRunner(loaded.engine, chosen, config, out, resume=resume, progress=RichProgress(), meta=meta,
+                         filler_pool=pool)
+    try:
+        results = runner.run()
+    finally:
+        # An interrupted run still gets a report of what it finished.
+        path = bench_report.write_report(runner.results, out)
+        click.echo(f"results: {runner.path}\nreport: {path}", err=True)
+    _print_bench_tables(results)
+
+
+def _print_bench_tables(results: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from draftwise.bench import report as bench_report
+
+    console = Console()
+    for setting, group in bench_report.by_setting(results.get("records", [])).items():
+        table = Table(title=bench_report.setting_label(setting))
+        for col in bench_report.TABLE_HEADERS:
+            table.add_column(col, justify="left" if col in ("category", "method") else "right")
+        for row in bench_report.category_rows(group):
+            table.add_row(*row)
+        console.print(table)
+
+
+@main.command()
+@click.option("--draft", default=models.DEFAULT_DRAFT, show_default=True, help="Draft model to calibrate too ('none' to skip).")
+@click.option("--thorough", is_flag=True, help="Every n in 1..32 with 5 repeats instead of a quick sample.")
+@click.option("--refresh", is_flag=True, help="Measure again even if a cached curve exists.")
+@model_options
+@friendly_errors
+def calibrate(draft, thorough, refresh, target, backend, n_ctx, threads, dtype, device) -> None:
+    """Measure (or show the cached) forward cost for n = 1..32 new tokens."""
+    from rich.table import Table
+
+    from draftwise.calibrate import cache_file, load_or_measure
+    from draftwise.loading import load_backend
+
+    options = _load_options(backend, n_ctx, threads, dtype, device)
+    names = [target] + ([draft] if draft and draft != "none" else [])
+    console = _stderr_console()
+    for name in names:
+        model = load_backend(name, options)
+        console.print(f"calibrating {name} ...")
+        curve = load_or_measure(model, thorough=thorough, refresh=refresh)
+        table = Table(title=f"{name}: ms per forward over n new tokens ({cache_file(model)})")
+        table.add_column("n", justify="right")
+        table.add_column("ms", justify="right")
+        table.add_column("ms / token", justify="right")
+        for n, ms in curve.points:
+            table.add_row(str(n), f"{ms:.1f}", f"{ms / n:.1f}")
+        console.print(table)
+        model.close()
+
+
 def run() -> None:
     main()
 

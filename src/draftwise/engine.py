@@ -110,6 +110,12 @@ class Generation:
     def __next__(self) -> str:
         return next(self._pieces)
 
+    def close(self) -> None:
+        """Abandon the request between steps; the engine stays ready for the next one."""
+        close = getattr(self._pieces, "close", None)
+        if close is not None:
+            close()
+
 
 class Engine:
     """Speculative decoding over one target backend and any number of drafters.

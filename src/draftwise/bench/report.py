@@ -212,6 +212,15 @@ def _figure(num_rows: int = 1, width: float = 9.0, height: float = 4.0):
     return fig, axes
 
 
+def _color(i: int, n: int):
+    """Distinct colours for up to 20 series (matplotlib's default cycle repeats after 10)."""
+    if n <= 10:
+        return f"C{i}"
+    from matplotlib import colormaps
+
+    return colormaps["tab20"](i % 20)
+
+
 def plot_speedup_by_category(records: Sequence[dict], path: Path) -> Path | None:
     settings = {s: g for s, g in by_setting(records).items() if any(r.get("speedup") for r in g)}
     if not settings:
@@ -227,7 +236,8 @@ def plot_speedup_by_category(records: Sequence[dict], path: Path) -> Path | None
                 rs = [r for r in group if variant_label(r) == variant and (c == "all" or r["category"] == c)
                       and not r.get("error")]
                 values.append(geomean(r.get("speedup") for r in rs) or 0.0)
-            ax.bar([j + i * width - 0.4 + width / 2 for j in range(len(categories))], values, width, label=variant)
+            ax.bar([j + i * width - 0.4 + width / 2 for j in range(len(categories))], values, width, label=variant,
+                   color=_color(i, len(variants)))
         ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
         ax.set_xticks(range(len(categories)), categories, rotation=20)
         ax.set_ylabel("speedup vs baseline (geo. mean)")
@@ -243,7 +253,8 @@ def plot_tokens_per_second_over_output(records: Sequence[dict], path: Path) -> P
         return None
     fig, axes = _figure(len(settings))
     for ax, (setting, group) in zip(axes, settings.items()):
-        for variant in _variant_order(group):
+        variants = _variant_order(group)
+        for vi, variant in enumerate(variants):
             sums: dict[int, list[float]] = defaultdict(list)
             window = 32
             for r in group:
@@ -256,7 +267,7 @@ def plot_tokens_per_second_over_output(records: Sequence[dict], path: Path) -> P
             if sums:
                 xs = sorted(sums)
                 ax.plot([(i + 1) * window for i in xs], [sum(sums[i]) / len(sums[i]) for i in xs], marker="o",
-                        markersize=3, label=variant)
+                        markersize=3, label=variant, color=_color(vi, len(variants)))
         ax.set_xlabel("output position (tokens, end of window)")
         ax.set_ylabel("tokens/s (mean over prompts)")
         ax.set_title(f"Tokens/s over the output — {setting_label(setting)}")
@@ -282,9 +293,10 @@ def plot_acceptance_by_position(records: Sequence[dict], path: Path) -> Path | N
     if not pooled:
         return None
     fig, (ax,) = _figure(1)
-    for label, (drafted, accepted) in pooled.items():
-        xs = [i + 1 for i, d in enumerate(drafted) if d]
-        ax.plot(xs, [accepted[i - 1] / drafted[i - 1] for i in xs], marker="o", markersize=3, label=label)
+    for i, (label, (drafted, accepted)) in enumerate(pooled.items()):
+        xs = [j + 1 for j, d in enumerate(drafted) if d]
+        ax.plot(xs, [accepted[j - 1] / drafted[j - 1] for j in xs], marker="o", markersize=3, label=label,
+                color=_color(i, len(pooled)))
     ax.set_xlabel("draft position")
     ax.set_ylabel("fraction of drafts accepted at this position")
     ax.set_ylim(0, 1.02)
@@ -305,7 +317,7 @@ def calibrated_curves(records: Sequence[dict], meta: dict) -> dict[str, list[tup
     def visit(obj, name: str) -> None:
         if isinstance(obj, dict):
             if obj and all(_is_int(k) and isinstance(v, (int, float)) for k, v in obj.items()):
-                if "cost" in name or name in ("target", "draft") or "calibrat" in name:
+                if "cost" in name or "calibrat" in name:
                     found.setdefault(name, sorted((int(k), float(v)) for k, v in obj.items()))
                 return
             for k, v in obj.items():
@@ -314,7 +326,7 @@ def calibrated_curves(records: Sequence[dict], meta: dict) -> dict[str, list[tup
             found.setdefault(name, [(i + 1, float(v)) for i, v in enumerate(obj)])
 
     if meta.get("calibration"):
-        visit(meta["calibration"], "calibration")
+        visit(meta["calibration"], "calibrated")
     for r in records:
         if isinstance(r.get("policy"), dict):
             visit(r["policy"], "policy")
@@ -348,7 +360,8 @@ def plot_cost_curve(records: Sequence[dict], meta: dict, path: Path) -> Path | N
     for method, (xs, ys) in points.items():
         ax.scatter(xs, ys, s=12, label=f"measured: {method}")
     for name, curve in curves.items():
-        ax.plot([n for n, _ in curve], [ms for _, ms in curve], marker="x", label=f"calibrated: {name}")
+        label = name.replace("calibrated.", "calibrated ").replace("policy.", "auto policy's estimate: ")
+        ax.plot([n for n, _ in curve], [ms for _, ms in curve], marker="x", label=label)
     ax.set_xlabel("tokens per target forward (1 + drafted tokens per step)")
     ax.set_ylabel("ms per forward")
     ax.set_title("Cost of one verification forward")

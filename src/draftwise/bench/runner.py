@@ -206,6 +206,8 @@ class BenchRunner:
         if self.progress:
             self.progress.start(total)
         try:
+            if len(done) < len(self.prompts) * len(contexts) * len(cfg.temperatures):
+                self._global_warmup()
             for prompt in self.prompts:
                 for ctx in contexts:
                     todo = [t for t in cfg.temperatures if unit_key(prompt.question_id, ctx, t) not in done]
@@ -226,6 +228,21 @@ class BenchRunner:
             if self.progress:
                 self.progress.close()
         return self.results
+
+    def _global_warmup(self) -> None:
+        """Every method once on a short text: lazy set-up (e.g. the auto policy's calibration) happens here."""
+        sampling = SamplingParams(max_tokens=WARMUP_TOKENS, ignore_eos=True)
+        for variant in {v.method.name: v for v in self.variants}.values():
+            if self.progress:
+                self.progress.update(f"warm-up {variant.method.name}")
+            try:
+                self.engine.generate("Count: one, two, three, four, five, six", sampling=sampling,
+                                     speculation=variant.speculation(), drafters=list(variant.method.drafters) or None)
+            except Exception:  # the measured runs will record the failure
+                pass
+        calibration = cached_calibration(self.engine)
+        if calibration:
+            self.results["meta"]["calibration"] = calibration
 
     def _pad(self, prompt: Prompt, ctx: int | None) -> Prompt:
         if ctx is None:
@@ -350,6 +367,26 @@ class BenchRunner:
             "text": result.text,
             "_token_ids": list(result.token_ids),
         }
+
+
+def cached_calibration(engine) -> dict:
+    """The calibrated cost curves (n -> ms) already cached on disk for the engine's models; never measures."""
+    try:
+        from draftwise import calibrate
+    except ImportError:
+        return {}
+    out = {}
+    backends = [("target", engine.target)] + [(d.name, d.backend) for d in engine.drafters
+                                              if getattr(d, "backend", None) is not None]
+    for name, backend in backends:
+        try:
+            path = calibrate.cache_file(backend)
+            if path.is_file():
+                curve = calibrate.CostCurve.from_dict(json.loads(path.read_text()))
+                out[name] = {str(n): round(ms, 2) for n, ms in curve.points}
+        except Exception:  # a missing or changed calibration format only loses a plot line
+            continue
+    return out
 
 
 def _compare_with_baseline(records: list[dict], greedy: bool) -> None:

@@ -355,18 +355,22 @@ async def _job_events(job: Job, request: Request) -> AsyncIterator[Piece | Finis
     """The job's events until the last; a client that disconnects cancels the job.
 
     NOTE: one pending get is kept across polls (rather than wait_for, which can drop an
-    item when the timeout and the put race), and the disconnect check runs between events.
+    item when the timeout and the put race); the disconnect check runs every
+    DISCONNECT_POLL_S whether or not events arrive.
     """
     getter: asyncio.Future | None = None
     finished = False
+    next_check = time.monotonic() + DISCONNECT_POLL_S
     try:
         while True:
             if getter is None:
                 getter = asyncio.ensure_future(job.next_event())
-            done, _ = await asyncio.wait({getter}, timeout=DISCONNECT_POLL_S)
-            if not done:
+            done, _ = await asyncio.wait({getter}, timeout=max(0.0, next_check - time.monotonic()))
+            if time.monotonic() >= next_check:  # also while pieces keep coming (non-streaming)
                 if await request.is_disconnected():
                     return
+                next_check = time.monotonic() + DISCONNECT_POLL_S
+            if not done:
                 continue
             event, getter = getter.result(), None
             finished = not isinstance(event, Piece)

@@ -1,0 +1,109 @@
+"""Planner tests with synthetic cost curves and acceptance rates (issue 4)."""
+
+import json
+
+import pytest
+
+from draftwise.backends.toy import ToyBackend, ToyModel
+from draftwise.calibrate import CostCurve, cache_file, load_or_measure
+from draftwise.drafters import ModelDrafter, NgramDrafter
+from draftwise.policy import HeuristicPolicy, PlanState
+from draftwise.policy_auto import AcceptanceEstimate, AutoPolicy
+from draftwise.types import SpeculationConfig, StepStats
+
+
+def step(drafter, drafted, accepted, verify_ms=10.0, draft_ms=0.0, k=None):
+    return StepStats(drafter=drafter, num_drafted=drafted, num_accepted=accepted, num_committed=accepted + 1,
+                     draft_ms=draft_ms, verify_ms=verify_ms, planned_k=drafted if k is None else k)
+
+
+def model_drafter():
+    return ModelDrafter(ToyBackend(ToyModel(vocab_size=8)), name="draft")
+
+
+def test_expected_tokens_formula():
+    est = AcceptanceEstimate(prior=0.5)
+    assert est.expected_tokens(3) == [1.0, 1.5, 1.75, 1.875]  # (1 - a^(k+1)) / (1 - a)
+
+
+def test_chooses_no_speculation_when_verification_is_expensive():
+    # llama.cpp on this CPU: verifying k tokens costs ~k forwards, a draft token 0.7 of one.
+    policy = AutoPolicy(target_cost=CostCurve.linear(30.0, 28.0), draft_costs={"draft": CostCurve.linear(21.0, 20.0)})
+    policy.begin([model_drafter()], SpeculationConfig())
+    plan = policy.plan(PlanState(context=[1, 2, 3], max_k=32))
+    assert plan.k == 0 and plan.drafter is None
+
+
+def test_long_k_when_acceptance_high_and_verification_cheap():
+    policy = AutoPolicy(target_cost=CostCurve.linear(30.0, 0.5), draft_costs={"draft": CostCurve.linear(1.0, 1.0)})
+    drafter = model_drafter()
+    policy.begin([drafter], SpeculationConfig())
+    for _ in range(50):
+        policy.plan(PlanState(context=[1], max_k=32))
+        policy.observe(step("draft", 16, 16, verify_ms=38.0, draft_ms=16.0))
+    plan = policy.plan(PlanState(context=[1], max_k=32))
+    assert plan.drafter is drafter and plan.k >= 16
+
+
+def test_ngram_k_bounded_by_match_and_max_k():
+    policy = AutoPolicy(target_cost=CostCurve.linear(30.0, 0.1))
+    policy.begin([NgramDrafter(1, 4)], SpeculationConfig())
+    context = list(range(1, 21)) + [50] + list(range(1, 21))  # a 20-token repeat: a long match
+    plan = policy.plan(PlanState(context=context, max_k=32))
+    # The match is followed by only 21 known tokens ([50, 1..20]): k cannot exceed them.
+    assert plan.draft is not None and plan.k == len(plan.draft) and 1 <= plan.k <= 21
+    assert plan.draft.token_ids == tuple([50, *range(1, 21)])[: plan.k]
+    plan = policy.plan(PlanState(context=context, max_k=3))
+    assert plan.k <= 3
+    assert policy.plan(PlanState(context=[1, 2, 3, 4], max_k=32)).k == 0  # no match: plain
+
+
+def test_adapts_when_acceptance_changes_mid_request():
+    policy = AutoPolicy(target_cost=CostCurve.linear(30.0, 3.0), draft_costs={"draft": CostCurve.linear(3.0, 3.0)})
+    drafter = model_drafter()
+    policy.begin([drafter], SpeculationConfig())
+    for _ in range(30):
+        policy.plan(PlanState(context=[1], max_k=32))
+        policy.observe(step("draft", 6, 6, verify_ms=45.0, draft_ms=18.0))
+    assert policy.plan(PlanState(context=[1], max_k=32)).k >= 6
+    for _ in range(30):
+        plan = policy.plan(PlanState(context=[1], max_k=32))
+        if plan.k == 0:
+            break
+        policy.observe(step("draft", plan.k, 0, verify_ms=30 + 3 * plan.k, draft_ms=3.0 * plan.k))
+    assert policy.plan(PlanState(context=[1], max_k=32)).k <= 1
+
+
+def test_heuristic_rule():
+    policy = HeuristicPolicy(k_max=10)
+    policy.begin([NgramDrafter()], SpeculationConfig(policy="heuristic", max_draft_tokens=5))
+    policy.observe(step("ngram", 5, 5))
+    assert policy.plan(PlanState([1], 32)).k == 6
+    policy.observe(step("ngram", 6, 1))
+    assert policy.plan(PlanState([1], 32)).k == 5  # 6 * 0.8 = 4.8
+    for _ in range(30):
+        policy.observe(step("ngram", 5, 5))
+    assert policy.plan(PlanState([1], 32)).k == 10
+
+
+def test_calibration_cache_reused_and_invalidated(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    backend = ToyBackend(ToyModel(vocab_size=8, seed=1), name="m1")
+    first = load_or_measure(backend, max_n=4)
+    path = cache_file(backend)
+    data = json.loads(path.read_text())
+    data["points"][0][1] = 123.0  # mark the cached file: a reuse returns the mark
+    path.write_text(json.dumps(data))
+    assert load_or_measure(backend, max_n=4).ms(1) == 123.0
+    other_model = ToyBackend(ToyModel(vocab_size=8, seed=2), name="m1")
+    assert cache_file(other_model) != path
+    backend.n_threads = 4  # another thread count: another cache entry
+    assert cache_file(backend) != path
+    assert load_or_measure(backend, max_n=4).ms(1) != 123.0
+    assert first.max_n == 4
+
+
+def test_cost_curve_keeps_non_monotonic_points():
+    curve = CostCurve(((1, 30.0), (8, 224.0), (16, 165.0)))
+    assert curve.ms(16) == 165.0 < curve.ms(8)
+    assert curve.ms(12) == pytest.approx(194.5)
