@@ -86,6 +86,6 @@ def test_load_a_directory_onto_cuda_in_bfloat16(tmp_path, cpu_model):
     backend = HFBackend(tmp_path, dtype="bfloat16", device="cuda", n_ctx=256)
     assert backend.capabilities.dtype == "bfloat16" and backend.capabilities.device.startswith("cuda")
     got = backend.extend(PROMPT)
-    # bf16 weights and activations: close to the float64 reference, not equal.
-    assert np.abs(got - cpu_logits(cpu_model, PROMPT)).max() < 0.5
+    # bf16 weights and activations: close to the float64 reference (logits ~ +-8), not equal.
+    assert np.abs(got - cpu_logits(cpu_model, PROMPT)).mean() < 0.1
     backend.close()

@@ -98,7 +98,8 @@ class LlamaCppBackend:
         self._ctx = self._llm.ctx
         self._mem = C.llama_get_memory(self._ctx)
         self._n_ctx = C.llama_n_ctx(self._ctx)
-        self._n_batch = n_batch
+        # NOTE: llama.cpp clamps n_batch to n_ctx; a larger decode aborts the process.
+        n_batch = self._n_batch = min(n_batch, C.llama_n_batch(self._ctx), C.llama_n_ubatch(self._ctx))
         self._n_vocab = self._llm.n_vocab()
         self._batch = C.llama_batch_init(n_batch, 0, 1)
         # numpy views over the batch's arrays: filling them costs no Python loop per token.

@@ -177,7 +177,7 @@ class BenchRunner:
             raise ConfigError(f"{self.path} already exists; pass --resume to continue it or choose another --out")
         else:
             meta["started_at"] = _now()
-            self.results = {"format": FORMAT, "config": config.to_dict(), "meta": meta, "complete": False,
+            self.results = {"format": FORMAT, "config": _norm(config.to_dict()), "meta": _norm(meta), "complete": False,
                             "records": []}
         self.memory = self.results["meta"].setdefault("memory", {})
 
@@ -219,7 +219,7 @@ class BenchRunner:
                     cold = self._warmup(padded)
                     for temperature in todo:
                         records = self._run_unit(padded, prompt, ctx, temperature, cold)
-                        self.results["records"].extend(records)
+                        self.results["records"].extend(_norm(records))
                         save_results(self.path, self.results)
             self.results["complete"] = True
             self.results["meta"]["finished_at"] = _now()
@@ -376,9 +376,11 @@ def cached_calibration(engine) -> dict:
     except ImportError:
         return {}
     out = {}
-    backends = [("target", engine.target)] + [(d.name, d.backend) for d in engine.drafters
-                                              if getattr(d, "backend", None) is not None]
+    backends = [("target", getattr(engine, "target", None))] + [(d.name, getattr(d, "backend", None))
+                                                                for d in engine.drafters]
     for name, backend in backends:
+        if backend is None:
+            continue
         try:
             path = calibrate.cache_file(backend)
             if path.is_file():
@@ -432,7 +434,7 @@ def _check_same_run(results: dict, config: BenchConfig, meta: dict, path: Path) 
 
 
 def _norm(value: Any) -> Any:
-    return json.loads(json.dumps(value))  # tuples -> lists, as stored
+    return json.loads(json.dumps(value, allow_nan=False))  # as stored: tuples -> lists, int keys -> str
 
 
 def _now() -> str:

@@ -1,0 +1,67 @@
+"""`draftwise serve` end to end: the real CLI in a subprocess, llama.cpp on tiny random
+GGUF models (target + an identical twin as the draft), queried with the openai client."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+
+pytest.importorskip("gguf")
+pytest.importorskip("llama_cpp")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def cli_server(tiny_gguf_dir):
+    port = free_port()
+    cmd = [sys.executable, "-m", "draftwise.cli", "serve", "--target", str(tiny_gguf_dir / "target.gguf"),
+           "--draft", str(tiny_gguf_dir / "twin.gguf"), "--policy", "fixed", "--k", "3", "--n-ctx", "256",
+           "--threads", "1", "--port", str(port), "--api-key", "secret", "--model-name", "tiny"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"draftwise serve did not start:\n{proc.stdout.read()}")
+        time.sleep(0.1)
+    yield url
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def test_serve_answers_chat_with_speculation_and_reuses_both_caches(cli_server):
+    c = openai.OpenAI(base_url=f"{cli_server}/v1", api_key="secret", max_retries=0, timeout=60)
+    assert [m.id for m in c.models.list()] == ["tiny"]
+    history = [{"role": "user", "content": "def add(a, b):"}]
+    first = c.chat.completions.create(model="tiny", messages=history, max_tokens=16, temperature=0)
+    history += [{"role": "assistant", "content": first.choices[0].message.content},
+                {"role": "user", "content": "again"}]
+    second = c.chat.completions.create(model="tiny", messages=history, max_tokens=16, temperature=0)
+    spec = second.usage.model_extra["speculative"]
+    assert spec["num_drafted"] > 0 and spec["accepted_per_position"]
+    assert spec["num_reused_tokens"] >= first.usage.prompt_tokens
+    assert spec["num_draft_reused_tokens"] >= first.usage.prompt_tokens
+    assert httpx.get(f"{cli_server}/v1/models").status_code == 401

@@ -1,0 +1,222 @@
+"""The bench runner on the toy backend: complete records, speedup against the same prompt's
+baseline, the identical flag, sweeps, failing methods, and resume after an interruption.
+"""
+
+import dataclasses
+import json
+
+import pytest
+
+from draftwise.backends.toy import ToyBackend, ToyModel
+from draftwise.bench.methods import parse_method
+from draftwise.bench.prompts import Prompt
+from draftwise.bench.runner import BenchConfig, BenchRunner, run_bench
+from draftwise.bench.timing import WindowClock
+from draftwise.drafters import ModelDrafter, NgramDrafter
+from draftwise.engine import Engine
+from draftwise.types import ConfigError, Draft
+
+SECTION_5 = ("num_drafted", "num_accepted", "num_steps", "acceptance_rate", "mean_accepted_tokens",
+             "tokens_per_step", "accepted_per_position", "tokens_per_second", "tokens_per_second_e2e")
+BENCH_FIELDS = ("category", "question_id", "method", "turn", "new_tokens", "prefill_ms", "decode_tokens_per_second",
+                "speedup", "identical_to_baseline", "peak_rss_mb", "tokens_per_second_windows", "memory_overhead_mb")
+PROMPTS = [
+    Prompt(11, "code", ("def add(a, b): return a + b. now write sub",)),
+    Prompt(12, "chat", ("tell me a story about a cat",)),
+    Prompt(13, "multi_turn", ("name three fruits", "now sort them")),
+]
+
+
+def toy_engine(draft_seed: int = 0) -> Engine:
+    target = ToyModel(vocab_size=40, sharpness=3)
+    draft = ToyModel(vocab_size=40, sharpness=3, seed=draft_seed)
+    return Engine(ToyBackend(target), [ModelDrafter(ToyBackend(draft), name="draft"), NgramDrafter(1, 3)])
+
+
+class Wrapped:
+    """An engine whose results pass through `adjust(result, messages, drafters)` (fake timings, tampering)."""
+
+    def __init__(self, engine, adjust):
+        self.engine, self.adjust = engine, adjust
+        self.drafters, self.tokenizer = engine.drafters, engine.tokenizer
+        self.num_streams = 0
+
+    def generate(self, *args, **kwargs):
+        return self.engine.generate(*args, **kwargs)
+
+    def stream(self, *, messages, drafters=None, **kwargs):
+        self.num_streams += 1
+        inner = self.engine.stream(messages=messages, drafters=drafters, **kwargs)
+        outer = self
+
+        class Gen:
+            result = None
+
+            def __iter__(self):
+                yield from inner
+                self.result = outer.adjust(inner.result, messages, drafters)
+
+        return Gen()
+
+
+def run(engine, tmp_path, prompts=PROMPTS, **config):
+    config.setdefault("max_tokens", 40)
+    return run_bench(engine, prompts, BenchConfig(**config), tmp_path)
+
+
+def test_records_are_complete_one_per_prompt_turn_and_method(tmp_path):
+    results = run(toy_engine(), tmp_path, methods=("baseline", "draft", "ngram", "heuristic"))
+    records = results["records"]
+    expected = {(p.question_id, t, m) for p in PROMPTS for t in range(len(p.turns))
+                for m in ("baseline", "draft", "ngram", "heuristic")}
+    assert {(r["question_id"], r["turn"], r["method"]) for r in records} == expected
+    assert len(records) == len(expected)
+    for r in records:
+        assert r["error"] is None
+        for key in SECTION_5 + BENCH_FIELDS:
+            assert key in r, key
+        assert r["new_tokens"] == r["num_generated"] > 0
+        assert r["category"] == {p.question_id: p.category for p in PROMPTS}[r["question_id"]]
+        assert r["peak_rss_mb"] > 0
+    assert results["complete"] is True
+    assert json.loads((tmp_path / "results.json").read_text()) == results
+
+
+def test_speedup_is_against_the_same_prompt_and_turns_baseline(tmp_path):
+    # Fake decode times: baseline of prompt i takes i ms per token, every other method half that.
+    slowness = {p.turns[0]: i + 1 for i, p in enumerate(PROMPTS)}
+
+    def adjust(result, messages, drafters):
+        per_token = slowness[messages[0]["content"]] * (1.0 if not drafters else 0.5) * (1 + len(messages) // 2)
+        result.stats.decode_ms = per_token * result.stats.num_generated
+        return result
+
+    records = run(Wrapped(toy_engine(), adjust), tmp_path, methods=("baseline", "ngram", "draft"))["records"]
+    base = {(r["question_id"], r["turn"]): r for r in records if r["method"] == "baseline"}
+    for r in records:
+        b = base[(r["question_id"], r["turn"])]
+        assert r["speedup"] == pytest.approx(r["decode_tokens_per_second"] / b["decode_tokens_per_second"])
+        assert r["speedup"] == pytest.approx(1.0 if r["method"] == "baseline" else 2.0)
+
+
+def test_identical_flag_compares_token_ids_with_baseline(tmp_path):
+    def tamper(result, messages, drafters):
+        if drafters == ["ngram"]:  # one wrong token in the n-gram method's output
+            ids = list(result.token_ids)
+            ids[-1] = ids[-1] % 39 + 1
+            return dataclasses.replace(result, token_ids=ids)
+        return result
+
+    records = run(Wrapped(toy_engine(), tamper), tmp_path, methods=("baseline", "draft", "ngram"))["records"]
+    flags = {(r["method"], r["question_id"], r["turn"]): r["identical_to_baseline"] for r in records}
+    assert all(v is False for (m, *_), v in flags.items() if m == "ngram")
+    assert all(v is True for (m, *_), v in flags.items() if m in ("baseline", "draft"))
+
+
+def test_identical_is_not_claimed_for_sampled_runs_and_sweeps_make_one_set_per_setting(tmp_path):
+    records = run(toy_engine(draft_seed=5), tmp_path, prompts=PROMPTS[:1], methods=("baseline", "draft", "ngram"),
+                  temperatures=(0.0, 0.8), ks=(1, 3), draft_temperatures=(None, 1.0))["records"]
+    combos = {(r["method"], r["temperature"], r["k"], r["draft_temperature"]) for r in records}
+    # baseline once per temperature; ngram per k; the draft model per k x draft temperature
+    assert len(records) == len(combos) == 2 * (1 + 2 + 2 * 2)
+    assert all(r["identical_to_baseline"] is None for r in records if r["temperature"] > 0)
+    assert all(r["identical_to_baseline"] is True for r in records if r["temperature"] == 0)
+    assert all(r["speedup"] is not None for r in records)
+
+
+def test_a_failing_method_records_an_error_and_the_run_goes_on(tmp_path):
+    class Boom(NgramDrafter):
+        def propose(self, context, max_tokens):
+            raise RuntimeError("drafter exploded")
+
+    engine = toy_engine()
+    engine.drafters.append(Boom(name="boom"))
+    records = run(engine, tmp_path, methods=("baseline", "fixed:boom", "ngram"))["records"]
+    failed = [r for r in records if r["method"] == "fixed:boom"]
+    assert len(failed) == 4 and all("drafter exploded" in r["error"] for r in failed)
+    assert any(r["error"].startswith("skipped: turn 0 failed") for r in failed)  # the second turn of multi_turn
+    assert all(r["error"] is None and r["speedup"] for r in records if r["method"] != "fixed:boom")
+
+
+def test_resume_finishes_an_interrupted_run_without_redoing_saved_prompts(tmp_path):
+    class StopAfter:
+        def __init__(self, n):
+            self.n = n
+
+        def start(self, total):
+            pass
+
+        def update(self, description):
+            pass
+
+        def advance(self, n=1):
+            self.n -= n
+            if self.n < 0:
+                raise KeyboardInterrupt
+
+        def close(self):
+            pass
+
+    config = BenchConfig(methods=("baseline", "ngram"), max_tokens=30)
+    with pytest.raises(KeyboardInterrupt):
+        BenchRunner(toy_engine(), PROMPTS, config, tmp_path, progress=StopAfter(3)).run()
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["complete"] is False
+    assert {r["question_id"] for r in saved["records"]} == {11}  # prompt 12 was cut off mid-way: not saved
+    with pytest.raises(ConfigError, match="already exists"):
+        BenchRunner(toy_engine(), PROMPTS, config, tmp_path)
+    with pytest.raises(ConfigError, match="max_tokens was 30, now 31"):
+        BenchRunner(toy_engine(), PROMPTS, dataclasses.replace(config, max_tokens=31), tmp_path, resume=True)
+
+    engine = Wrapped(toy_engine(), lambda result, *_: result)
+    results = BenchRunner(engine, PROMPTS, config, tmp_path, resume=True).run()
+    assert engine.num_streams == 2 * (1 + 2)  # prompts 12 and 13 (two turns) x two methods
+    assert results["complete"] is True
+    keys = [(r["question_id"], r["turn"], r["method"]) for r in results["records"]]
+    assert sorted(keys) == sorted((p.question_id, t, m) for p in PROMPTS for t in range(len(p.turns))
+                                  for m in ("baseline", "ngram"))
+    assert results["records"][: len(saved["records"])] == saved["records"]
+
+
+def test_repeats_keep_the_median_run(tmp_path):
+    records = run(toy_engine(), tmp_path, prompts=PROMPTS[:1], methods=("baseline", "ngram"), repeats=3)["records"]
+    for r in records:
+        runs = r["repeats_tokens_per_second"]
+        assert len(runs) == 3 and r["decode_tokens_per_second"] == sorted(runs)[1]
+
+
+def test_context_sweep_pads_prompts_and_records_the_length(tmp_path):
+    records = run(toy_engine(), tmp_path, prompts=PROMPTS[:2], methods=("baseline", "ngram"),
+                  context_lengths=(64, 512))["records"]
+    assert {r["context_tokens"] for r in records} == {64, 512}
+    for r in records:
+        if r["context_tokens"] == 512:
+            assert 480 <= r["num_prompt_tokens"] <= 560
+
+
+def test_window_clock_gives_tokens_per_second_per_window():
+    clock = WindowClock()
+    clock.times, clock.chars = [0.5, 1.0, 1.5, 2.0], [16, 32, 48, 64]  # 64 one-char tokens over 2 s
+    ids = list(range(1, 65))
+    assert clock.windows(ids, lambda xs: "x" * len(xs), decode_start_s=0.0, window=32) == [32.0, 32.0]
+    # One piece carrying 40 tokens at once is spread over its step instead of arriving "instantly".
+    clock.times, clock.chars = [1.0, 1.2], [40, 64]
+    rates = clock.windows(ids, lambda xs: "x" * len(xs), decode_start_s=0.0, window=32)
+    assert rates[0] == pytest.approx(40.0) and rates[1] == pytest.approx(32 / (1.2 - 0.8))
+
+
+def test_method_names():
+    available = ["ngram", "draft"]
+    assert parse_method("baseline", available).enabled is False
+    assert parse_method("draft", available).drafters == ("draft",)
+    assert parse_method("heuristic", ["ngram"]).drafters == ("ngram",)
+    assert parse_method("auto", available).drafters == ("ngram", "draft")
+    combo = parse_method("ngram+draft", available)
+    assert (combo.policy, combo.drafters) == ("auto", ("ngram", "draft"))
+    assert parse_method("heuristic:ngram", available).policy == "heuristic"
+    with pytest.raises(ConfigError, match="needs drafter 'draft', which is not loaded"):
+        parse_method("draft", ["ngram"])
+    with pytest.raises(ConfigError, match="only auto chooses"):
+        parse_method("fixed:ngram+draft", available)
+    with pytest.raises(ConfigError, match="not a policy"):
+        parse_method("greedy:ngram", available)

@@ -1,0 +1,66 @@
+"""CLI contract: bad arguments give one clear line and exit status 2, never a traceback."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from draftwise.cli import main
+
+
+@pytest.fixture
+def tiny(tiny_gguf_dir):
+    return str(tiny_gguf_dir / "target.gguf")
+
+
+def run(*args):
+    return CliRunner().invoke(main, list(args))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--k", "0"], "max_draft_tokens"),
+    (["--temperature", "-1"], "temperature"),
+    (["--top-p", "0"], "top_p"),
+    (["--top-p", "1.5"], "top_p"),
+    (["--max-tokens", "0"], "max_tokens"),
+    (["--target", "/no/such/model.gguf"], "neither a known name"),
+    (["--draft", "/no/such/draft.gguf"], "neither a known name"),
+    (["--n-ctx", "64", "--prompt", "x " * 400], "context"),
+])
+def test_bad_arguments(tiny, args, message):
+    base = ["generate", "--prompt", "hello", "--target", tiny, "--threads", "1"]
+    result = run(*base, *args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+
+
+def test_generate_json_on_tiny_model(tiny, tiny_gguf_dir):
+    result = run("generate", "--prompt", "def f(x):\n    return x\n\ndef f(x):\n", "--target", tiny, "--threads", "1",
+                 "--draft", f"ngram,{tiny_gguf_dir / 'twin.gguf'}", "--policy", "fixed", "--max-tokens", "20", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output.strip().splitlines()[-1])
+    for key in ("text", "token_ids", "num_drafted", "num_accepted", "num_steps", "acceptance_rate",
+                "mean_accepted_tokens", "tokens_per_step", "accepted_per_position", "tokens_per_second"):
+        assert key in data
+    assert len(data["token_ids"]) <= 20 and data["num_drafted"] > 0
+
+
+def test_generate_streams_and_prints_summary(tiny):
+    result = run("generate", "--prompt", "abc", "--target", tiny, "--threads", "1", "--draft", "none",
+                 "--max-tokens", "8", "--chat")
+    assert result.exit_code == 0, result.output
+    assert "tokens/step" in result.output
+
+
+def test_mismatched_draft_refused(tiny, tmp_path):
+    from tiny_gguf import write_tiny_gguf
+
+    # Same architecture, different token texts: build a vocab with one token renamed.
+    import gguf  # noqa: F401
+
+    other = write_tiny_gguf(tmp_path / "other.gguf")
+    data = other.read_bytes().replace(b"</s>", b"<e>x", 1)  # same length, other text
+    other.write_bytes(data)
+    result = run("generate", "--prompt", "abc", "--target", tiny, "--draft", str(other), "--threads", "1")
+    assert result.exit_code == 2
+    assert "does not share the tokenizer" in result.output
