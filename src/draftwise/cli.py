@@ -247,7 +247,8 @@ def serve(draft, policy, k, host, port, api_key, model_name, target, backend, n_
     if api_key is None and host not in ("127.0.0.1", "localhost", "::1"):
         click.echo(f"warning: serving on {host} without --api-key; anyone who can reach it can use it", err=True)
     app = create_app(engine, model_name or engine.target.name, api_key=api_key)
-    uvicorn.run(app, host=host, port=port, log_level="info")
+    # In-flight streams get 10 s after Ctrl+C; then they are cancelled at the engine's next step.
+    uvicorn.run(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=10)
 
 
 def _csv(kind, allow_same: bool = False):
@@ -375,6 +376,8 @@ def _print_bench_tables(results: dict) -> None:
     from draftwise.bench import report as bench_report
 
     console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)  # piped or captured: do not squeeze the table into 80 columns
     for setting, group in bench_report.by_setting(results.get("records", [])).items():
         table = Table(title=bench_report.setting_label(setting))
         for col in bench_report.TABLE_HEADERS:

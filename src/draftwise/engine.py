@@ -18,7 +18,7 @@ from draftwise.backends.base import Backend, sync_cache
 from draftwise.drafters.base import Drafter
 from draftwise.metrics import RequestStats
 from draftwise.policy import PlanState, Policy, make_policy
-from draftwise.sampling import make_rng, target_probs
+from draftwise.sampling import LazyTargetProbs, make_rng
 from draftwise.types import ConfigError, Draft, SamplingParams, SpeculationConfig, StepStats
 from draftwise.verify import greedy_verify, rejection_sample
 
@@ -253,7 +253,7 @@ class Engine:
                     if sampling.greedy:
                         verdict = greedy_verify(draft.token_ids, np.argmax(logits, axis=-1))
                     else:
-                        verdict = rejection_sample(draft, target_probs(logits, sampling), rng)
+                        verdict = rejection_sample(draft, LazyTargetProbs(logits, sampling), rng)
                     # 5. Commit: keep d_1..d_n in the cache, drop the rejected rest.
                     target.truncate(len(context) + verdict.num_accepted)
                     t_end = time.perf_counter()

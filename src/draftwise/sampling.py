@@ -36,6 +36,25 @@ def target_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     return filter_probs(probs, top_k=params.top_k, top_p=params.top_p, min_p=params.min_p)
 
 
+class LazyTargetProbs:
+    """target_probs(logits, params) computed one row at a time, on first access.
+
+    Rejection sampling usually stops at the first rejection, so most of the k+1 rows of a
+    large vocabulary (150k on Qwen) are never needed; computing them all costs ~1 ms each.
+    """
+
+    def __init__(self, logits: np.ndarray, params: SamplingParams) -> None:
+        self._logits, self._params = logits, params  # [n, V]
+        self._rows: dict[int, np.ndarray] = {}
+        self.shape = logits.shape
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        row = self._rows.get(i)
+        if row is None:
+            row = self._rows[i] = target_probs(self._logits[i : i + 1], self._params)[0]
+        return row
+
+
 def filter_probs(probs: np.ndarray, *, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0) -> np.ndarray:
     """Apply top-k, top-p (nucleus) and min-p to rows of probabilities and renormalise.
 

@@ -36,7 +36,8 @@ def rejection_sample(draft: Draft, target_probs: np.ndarray, rng: np.random.Gene
     """Exact speculative sampling of one chain draft.
 
     draft.token_ids [k]; draft.draft_probs [k, V] or None (deterministic -> one-hot);
-    target_probs [k+1, V]: target distribution at each draft position plus the bonus one.
+    target_probs [k+1, V]: target distribution at each draft position plus the bonus one
+    (an array, or anything indexable by row with a .shape, such as LazyTargetProbs).
     """
     k = len(draft.token_ids)
     if target_probs.shape[0] != k + 1:

@@ -99,7 +99,7 @@ def test_cli_report_only_rewrites_the_report_and_prints_the_table(tmp_path):
     (tmp_path / "results.json").write_text(json.dumps(fake_results()))
     out = CliRunner().invoke(main, ["bench", "--report-only", "--out", str(tmp_path)])
     assert out.exit_code == 0, out.output
-    assert "ngram k=4" in out.output and (tmp_path / "report.md").exists()
+    assert "ngram" in out.output and "1.73x" in out.output and (tmp_path / "report.md").exists()
 
 
 def test_cli_names_file_and_line_of_a_malformed_prompt(tmp_path):

@@ -274,3 +274,21 @@ def test_options_are_validated():
         with pytest.raises(BackendError, match="CUDA"):
             resolve_device("cuda")
         assert resolve_device("auto") == "cpu"
+
+
+def test_the_server_answers_from_a_transformers_target(gguf_pair):
+    pytest.importorskip("fastapi")
+    pytest.importorskip("httpx")
+    from fastapi.testclient import TestClient
+
+    from draftwise.server import create_app
+
+    engine = Engine(HFBackend(gguf_pair[0], dtype="float64"), [NgramDrafter(1, 3)],
+                    speculation=SpeculationConfig(policy="fixed", max_draft_tokens=4))
+    messages = [{"role": "user", "content": "the cat, the cat"}]
+    expected = engine.generate(messages=messages, sampling=SamplingParams(max_tokens=12), speculation=PLAIN)
+    with TestClient(create_app(engine, "tiny")) as client:
+        response = client.post("/v1/chat/completions", json={"model": "tiny", "messages": messages,
+                                                              "max_tokens": 12, "temperature": 0})
+    assert expected.text and response.status_code == 200, response.text
+    assert response.json()["choices"][0]["message"]["content"] == expected.text

@@ -48,6 +48,9 @@ def parse_method(name: str, available: Sequence[str]) -> MethodSpec:
             raise ConfigError("method 'auto' needs a drafter, but none is loaded")
         return MethodSpec(name, "auto", tuple(available))
     policy, sep, rest = name.partition(":")
+    if not sep and "+" not in name and name not in available:
+        raise ConfigError(f"unknown method {name!r}; methods are {', '.join(KEYWORDS)}, a loaded drafter "
+                          f"({', '.join(available) or 'none'}), D1+D2 or POLICY:D1+D2")
     if not sep:
         policy, rest = "auto", name
     if policy not in POLICIES:

@@ -147,6 +147,13 @@ def render_markdown(results: dict, plots: Sequence[str] = ()) -> str:
             "tokens/step = generated tokens / target forwards, both pooled over prompts. identical = greedy output "
             "token-for-token equal to baseline. mem overhead = resident memory with the draft model loaded and "
             "used minus without it.", ""]
+    load = [r["load_avg_1m"] for r in records if r.get("load_avg_1m") is not None]
+    cpus = (meta.get("host") or {}).get("cpus")
+    if load and cpus:
+        busy = max(load) > 1.25 * cpus
+        out += [f"Machine load (1-minute load average) during the runs: {min(load):.1f}–{max(load):.1f} on {cpus} CPUs"
+                + (" — **other processes competed for the CPU, so timings are noisy; rerun on a quiet machine "
+                   "before drawing conclusions**." if busy else "."), ""]
     settings = by_setting(records)
     for setting, group in settings.items():
         out += [f"## {setting_label(setting)}", ""]

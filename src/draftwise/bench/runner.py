@@ -362,6 +362,7 @@ class BenchRunner:
             "window_tokens": self.config.window_tokens,
             "tokens_per_second_windows": windows,
             "wall_ms": wall_ms,
+            "load_avg_1m": round(os.getloadavg()[0], 2),  # other processes competing for the CPU
             "rss_mb": round(current_rss_mb(), 1),
             "peak_rss_mb": round(peak_rss_mb(), 1),
             "text": result.text,
