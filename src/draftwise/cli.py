@@ -11,6 +11,7 @@ import json
 import sys
 
 import click
+from pathlib import Path
 
 from draftwise import models
 from draftwise.types import SamplingParams, SpeculationConfig
@@ -129,10 +130,11 @@ def _load_options(backend, n_ctx, threads, dtype, device):
 @click.option("--seed", type=int, default=None)
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text, token_ids and metrics.")
+@click.option("--datastore", default=None, help="A retrieval datastore (draftwise index build) to draft from.")
 @model_options
 @friendly_errors
 def generate(prompt, chat, system, draft, policy, k, max_tokens, temperature, top_p, top_k, min_p,
-             draft_temperature, seed, stop, as_json, target, backend, n_ctx, threads, dtype, device) -> None:
+             draft_temperature, seed, stop, as_json, datastore, target, backend, n_ctx, threads, dtype, device) -> None:
     """Generate text with speculative decoding, streaming it to the terminal."""
     from draftwise.loading import load_engine
 
@@ -142,7 +144,8 @@ def generate(prompt, chat, system, draft, policy, k, max_tokens, temperature, to
     options = _load_options(backend, n_ctx, threads, dtype, device)
     report = _progress_printer()
     try:
-        engine = load_engine(target, draft, options=options, speculation=speculation, progress=report)
+        engine = load_engine(target, draft, options=options, speculation=speculation, progress=report,
+                             datastore=datastore)
     finally:
         report.bars.stop()
     messages = None
@@ -342,11 +345,11 @@ def bench(suite, prompts_file, categories, methods, max_tokens, temperature, dra
                          ks=ks, draft_temperatures=draft_temperature, repeats=repeats,
                          context_lengths=context_lengths if context_sweep else (), seed=seed, top_k=top_k,
                          top_p=top_p, min_p=min_p, ignore_eos=ignore_eos)
-    if config.context_lengths:
-        needed = max(config.context_lengths) + 2 * max_tokens + 256
-        if needed > n_ctx:
-            click.echo(f"note: raising --n-ctx from {n_ctx} to {needed} for the context sweep", err=True)
-            n_ctx = needed
+    # Room for the longest prompt (padded or shipped) plus two turns of output.
+    needed = (max(config.context_lengths) if config.context_lengths else 1536) + 2 * max_tokens + 256
+    if needed > n_ctx:
+        click.echo(f"note: raising --n-ctx from {n_ctx} to {needed} to fit the prompts and --max-tokens", err=True)
+        n_ctx = needed
     if not any(not m.enabled for m in specs):
         click.echo("note: no baseline among the methods, so speedup and identical are not computed", err=True)
     options = _load_options(backend, n_ctx, threads, dtype, device)
@@ -415,6 +418,60 @@ def calibrate(draft, thorough, refresh, target, backend, n_ctx, threads, dtype, 
             table.add_row(str(n), f"{ms:.1f}", f"{ms / n:.1f}")
         console.print(table)
         model.close()
+
+
+@main.group()
+def index() -> None:
+    """Build retrieval datastores for the datastore drafter (--datastore)."""
+
+
+def _build_index(texts, out, target, max_tokens) -> None:
+    from draftwise.drafters.datastore import build_datastore
+    from draftwise.loading import LoadOptions, load_backend
+
+    console = _stderr_console()
+    backend = load_backend(target, LoadOptions(n_ctx=256))  # NOTE: keep it alive: its tokenizer uses the model
+    meta = build_datastore(texts, lambda text: backend.tokenizer.encode(text, add_special=False), Path(out),
+                           max_tokens=max_tokens, progress=lambda m: console.print(m))
+    backend.close()
+    console.print(f"{out}: {meta['num_docs']} documents, {meta['num_tokens']:,} tokens, "
+                  f"{meta['bytes'] / 2**20:.1f} MiB; tokenised in {meta['tokenize_s']} s, "
+                  f"suffix array in {meta['suffix_array_s']} s")
+
+
+@index.command("build")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option("--out", required=True, help="Output directory of the datastore.")
+@click.option("--target", default=models.DEFAULT_TARGET, show_default=True, help="Model whose tokenizer to use.")
+@click.option("--glob", "pattern", default="*", show_default=True, help="File name pattern inside directories.")
+@click.option("--max-tokens", type=int, default=None, help="Stop after this many tokens.")
+@friendly_errors
+def index_build(paths, out, target, pattern, max_tokens) -> None:
+    """Tokenise files (or directory trees) into an on-disk suffix array."""
+
+    def texts():
+        for raw in paths:
+            root = Path(raw)
+            files = sorted(p for p in root.rglob(pattern) if p.is_file()) if root.is_dir() else [root]
+            for f in files:
+                try:
+                    yield str(f), f.read_text(encoding="utf-8")
+                except (UnicodeDecodeError, OSError):
+                    continue
+
+    _build_index(texts(), out, target, max_tokens)
+
+
+@index.command("stdlib")
+@click.option("--out", required=True, help="Output directory of the datastore.")
+@click.option("--target", default=models.DEFAULT_TARGET, show_default=True)
+@click.option("--max-tokens", type=int, default=None, help="Stop after this many tokens.")
+@friendly_errors
+def index_stdlib(out, target, max_tokens) -> None:
+    """Recipe: a datastore from this Python's own standard library source (no download)."""
+    from draftwise.drafters.datastore import stdlib_sources
+
+    _build_index(stdlib_sources(), out, target, max_tokens)
 
 
 def run() -> None:

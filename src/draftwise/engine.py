@@ -298,6 +298,7 @@ class Engine:
                 stats.decode_ms = 1000 * (time.perf_counter() - t_decode)
                 stats.num_generated = len(generated)
                 stats.policy = policy.snapshot()
+                stats.num_draft_reused_tokens = sum(getattr(d, "num_reused_tokens", 0) for d in drafters)
                 if len(text) > emitted:
                     yield text[emitted:]
                 gen.result = Result(text=text, token_ids=generated, stats=stats, prompt_ids=prompt_ids)

@@ -14,6 +14,7 @@ from draftwise import models
 from draftwise.backends.base import Backend
 from draftwise.backends.hf import DEVICES, DTYPES
 from draftwise.drafters import ModelDrafter, NgramDrafter
+from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.engine import Engine
 from draftwise.types import ConfigError, SpeculationConfig
 
@@ -64,7 +65,7 @@ def load_backend(spec: str, options: LoadOptions = LoadOptions(), progress=None)
 
 
 def parse_drafters(spec: str | None) -> list[str]:
-    """'ngram,qwen' -> ['ngram', 'qwen']; 'none' or '' -> []."""
+    """'ngram,qwen' -> ['ngram', 'qwen']; 'none' or '' -> []. Free drafters: ngram, suffix."""
     if not spec:
         return []
     names = [s.strip() for s in spec.split(",") if s.strip()]
@@ -83,6 +84,7 @@ def load_engine(
     speculation: SpeculationConfig | None = None,
     progress=None,
     draft_options: LoadOptions | None = None,
+    datastore: str | None = None,
 ) -> Engine:
     """Load the target, the drafters and an Engine. Raises ConfigError/ModelError/BackendError."""
     drafter_names = parse_drafters(draft)
@@ -92,9 +94,15 @@ def load_engine(
         for name in drafter_names:
             if name == "ngram":
                 drafters.append(NgramDrafter(options.ngram_min, options.ngram_max))
+            elif name == "suffix":
+                drafters.append(SuffixDrafter())
             else:
                 draft_backend = load_backend(name, draft_options or options, progress)
                 drafters.append(ModelDrafter(draft_backend, name="draft"))
+        if datastore:
+            from draftwise.drafters.datastore import DatastoreDrafter
+
+            drafters.append(DatastoreDrafter(datastore))
         return Engine(target_backend, drafters, speculation=speculation)
     except BaseException:
         target_backend.close()

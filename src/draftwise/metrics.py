@@ -18,6 +18,7 @@ from draftwise.types import StepStats
 class RequestStats:
     num_prompt_tokens: int = 0
     num_reused_tokens: int = 0  # prompt tokens whose KV entries were reused from the last request
+    num_draft_reused_tokens: int = 0  # the same for the draft model's cache (0 if it never drafted)
     num_generated: int = 0
     num_drafted: int = 0
     num_accepted: int = 0
@@ -80,6 +81,7 @@ class RequestStats:
         return {
             "num_prompt_tokens": self.num_prompt_tokens,
             "num_reused_tokens": self.num_reused_tokens,
+            "num_draft_reused_tokens": self.num_draft_reused_tokens,
             "num_generated": self.num_generated,
             "num_drafted": self.num_drafted,
             "num_accepted": self.num_accepted,

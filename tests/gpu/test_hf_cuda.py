@@ -12,12 +12,12 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
-from tiny_qwen2 import VOCAB, perturbed, tiny_qwen2  # noqa: E402
+from tiny_qwen2 import VOCAB, perturbed, tiny_qwen2
 
-from draftwise.backends.hf import HFBackend, resolve_device  # noqa: E402
-from draftwise.drafters import ModelDrafter, NgramDrafter  # noqa: E402
-from draftwise.engine import Engine  # noqa: E402
-from draftwise.types import SamplingParams, SpeculationConfig  # noqa: E402
+from draftwise.backends.hf import HFBackend, resolve_device
+from draftwise.drafters import ModelDrafter, NgramDrafter
+from draftwise.engine import Engine
+from draftwise.types import SamplingParams, SpeculationConfig
 
 PROMPT = [116, 257, 32, 99, 97, 116, 44, 258, 32, 99, 97, 116, 44, 258, 32]
 GREEDY = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)

@@ -14,7 +14,7 @@ from draftwise.bench.runner import BenchConfig, BenchRunner, run_bench
 from draftwise.bench.timing import WindowClock
 from draftwise.drafters import ModelDrafter, NgramDrafter
 from draftwise.engine import Engine
-from draftwise.types import ConfigError, Draft
+from draftwise.types import ConfigError
 
 SECTION_5 = ("num_drafted", "num_accepted", "num_steps", "acceptance_rate", "mean_accepted_tokens",
              "tokens_per_step", "accepted_per_position", "tokens_per_second", "tokens_per_second_e2e")

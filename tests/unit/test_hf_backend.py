@@ -11,15 +11,21 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from scipy.stats import chisquare  # noqa: E402
-from tiny_qwen2 import CHAT_TEMPLATE, EOS, VOCAB, perturbed, tiny_qwen2, write_qwen2_gguf  # noqa: E402
+from scipy.stats import chisquare
+from tiny_qwen2 import EOS, VOCAB, perturbed, tiny_qwen2, write_qwen2_gguf
 
-from draftwise.backends.base import BackendError, ContextOverflowError, sync_cache  # noqa: E402
-from draftwise.backends.hf import ByteTokenizer, HFBackend, HFTokenizer, resolve_device, resolve_dtype  # noqa: E402
-from draftwise.drafters import ModelDrafter, NgramDrafter  # noqa: E402
-from draftwise.engine import Engine  # noqa: E402
-from draftwise.sampling import target_probs  # noqa: E402
-from draftwise.types import ConfigError, SamplingParams, SpeculationConfig  # noqa: E402
+from draftwise.backends.base import BackendError, ContextOverflowError, sync_cache
+from draftwise.backends.hf import (
+    ByteTokenizer,
+    HFBackend,
+    HFTokenizer,
+    resolve_device,
+    resolve_dtype,
+)
+from draftwise.drafters import ModelDrafter, NgramDrafter
+from draftwise.engine import Engine
+from draftwise.sampling import target_probs
+from draftwise.types import ConfigError, SamplingParams, SpeculationConfig
 
 PROMPT = [116, 257, 32, 99, 97, 116, 44, 258, 32, 99, 97, 116, 44, 258, 32]  # "the cat, the cat, the "
 PLAIN = SpeculationConfig(enabled=False)

@@ -178,7 +178,7 @@ class HFBackend:
         self._setup(model, tokenizer, n_ctx=n_ctx, name=name or path.name, identity=identity)
 
     @classmethod
-    def from_model(cls, model, tokenizer=None, *, name: str = "model", n_ctx: int = 4096) -> "HFBackend":
+    def from_model(cls, model, tokenizer=None, *, name: str = "model", n_ctx: int = 4096) -> HFBackend:
         """Wrap a loaded model; tokenizer: a transformers tokenizer, a Tokenizer, or None (bytes)."""
         _torch()
         self = cls.__new__(cls)
@@ -242,6 +242,7 @@ class HFBackend:
         if min(ids) < 0 or max(ids) >= self._vocab_size:
             raise BackendError(f"token id outside the vocabulary of {self._vocab_size}")
         start = len(self._ids)
+        keep = 0 if all_logits else 1  # logits_to_keep=1 skips the vocabulary projection of unread rows
         rows = []
         try:
             with torch.inference_mode():
@@ -249,8 +250,6 @@ class HFBackend:
                     chunk = [int(t) for t in ids[offset : offset + MAX_BATCH]]
                     input_ids = torch.tensor([chunk], dtype=torch.long, device=self._device)  # [1, n]
                     last_chunk = offset + len(chunk) == len(ids)
-                    # logits_to_keep=1 skips the vocabulary projection of rows nobody reads.
-                    keep = 0 if all_logits else 1
                     out = self._model(input_ids=input_ids, use_cache=True, logits_to_keep=keep,
                                       **{self._cache_kw: self._cache})
                     self.num_forwards += 1
@@ -284,7 +283,7 @@ class HFBackend:
             if n_layer > n_keep:
                 layer.crop(n_keep - n_layer)  # negative: drop that many trailing positions
         lengths = {layer.get_seq_length() for layer in self._cache.layers}
-        if lengths - {n_keep} and not (n_keep == 0 and lengths <= {0}):
+        if lengths - {n_keep}:
             raise BackendError(f"the KV cache could not be cropped to {n_keep} positions (layers hold {lengths})")
 
     def _restore(self, n_keep: int) -> None:

@@ -14,6 +14,16 @@ from typing import Iterable, Sequence
 
 from draftwise.bench.prompts import CATEGORIES
 
+HOW_MEASURED = (
+    "**How measured.** tok/s = generated tokens / decode time (prefill excluded), mean over prompts. Before each "
+    "prompt a short warm-up per drafter puts the prompt in every cache, then the methods run back to back on it, "
+    "so drift cancels and all start alike (the cold prompt cost is in results.json as cold_prefill_ms and, for a "
+    "draft model, cold_draft_ms). speedup = a method's tok/s / the same prompt and turn's baseline tok/s, geometric "
+    "mean. acceptance = accepted / drafted draft tokens and tokens/step = generated tokens / target forwards, both "
+    "pooled over prompts. identical = greedy output token-for-token equal to baseline. mem overhead = resident "
+    "memory with the draft model loaded and used minus without it. Tokens/s over the output comes from the times "
+    "at which streamed text arrived."
+)
 TABLE_HEADERS = ("category", "method", "n", "tok/s", "speedup", "acceptance", "tokens/step", "identical",
                  "mem overhead MB", "errors")
 
@@ -140,13 +150,7 @@ def render_markdown(results: dict, plots: Sequence[str] = ()) -> str:
     out.append(f"Methods {', '.join(config.get('methods', []))}; max_tokens {config.get('max_tokens')}; "
                f"k {config.get('ks')}; repeats {config.get('repeats')} (median kept); "
                f"{len(records)} records{'' if results.get('complete') else ' (run incomplete)'}.")
-    out += ["", "**How measured.** tok/s = generated tokens / decode time (prefill excluded), mean over prompts. "
-            "Before each prompt a short warm-up per drafter puts the prompt in every cache, then the methods run "
-            "back to back on it, so drift cancels and all start alike. speedup = a method's tok/s / the same "
-            "prompt and turn's baseline tok/s, geometric mean. acceptance = accepted / drafted draft tokens and "
-            "tokens/step = generated tokens / target forwards, both pooled over prompts. identical = greedy output "
-            "token-for-token equal to baseline. mem overhead = resident memory with the draft model loaded and "
-            "used minus without it.", ""]
+    out += ["", HOW_MEASURED, ""]
     load = [r["load_avg_1m"] for r in records if r.get("load_avg_1m") is not None]
     cpus = (meta.get("host") or {}).get("cpus")
     if load and cpus:
@@ -168,8 +172,9 @@ def render_markdown(results: dict, plots: Sequence[str] = ()) -> str:
         out += [markdown_table(TABLE_HEADERS, category_rows(group)), ""]
         stab = stability(group)
         if stab:
-            out += [f"Speed over the output (windows of {group[0].get('window_tokens', 32)} tokens; late/early = "
-                    "mean tok/s of the second half of the windows / the first half, geometric mean over prompts):", ""]
+            out += [(f"Speed over the output (windows of {group[0].get('window_tokens', 32)} tokens; late/early = "
+                     "mean tok/s of the second half of the windows / the first half, geometric mean over prompts):"),
+                    ""]
             out.append(markdown_table(("method", "prompts", "windows", "first window tok/s", "last window tok/s",
                                        "late/early"),
                                       [(v, s["n"], s["windows"], f"{s['first']:.1f}", f"{s['last']:.1f}",

@@ -201,7 +201,10 @@ class BenchRunner:
         cfg = self.config
         contexts: tuple[int | None, ...] = cfg.context_lengths or (None,)
         done = {unit_key(r["question_id"], r.get("context_tokens"), r["temperature"]) for r in self.results["records"]}
-        per_unit = lambda p: len(p.turns) * len(self.variants) * cfg.repeats  # noqa: E731
+
+        def per_unit(p: Prompt) -> int:  # measured generations for one prompt at one setting
+            return len(p.turns) * len(self.variants) * cfg.repeats
+
         total = sum(per_unit(p) for p in self.prompts) * len(contexts) * len(cfg.temperatures)
         if self.progress:
             self.progress.start(total)

@@ -32,6 +32,8 @@ class ModelDrafter:
         self.min_confidence = 0.0
         self._rng = make_rng(None)
         self.last_confidences: list[float] = []
+        self.num_reused_tokens = 0
+        self._first_proposal = True
 
     def begin(self, sampling: SamplingParams, speculation: SpeculationConfig) -> None:
         t = speculation.draft_temperature
@@ -39,12 +41,17 @@ class ModelDrafter:
         # Same filters as the target: proposing tokens the target filtered out only wastes drafts.
         self.top_k, self.top_p, self.min_p = sampling.top_k, sampling.top_p, sampling.min_p
         self._rng = make_rng(None if sampling.seed is None else sampling.seed + 0x5EED)
+        #: Cached positions reused from the previous request at this request's first proposal.
+        self.num_reused_tokens = 0
+        self._first_proposal = True
 
     def _next_logits(self, context: Sequence[int]) -> np.ndarray:
         """Bring the cache to context[:-1] + feed the rest; logits [V] after context."""
         backend = self.backend
         keep = common_prefix_length(backend.cached_ids, context)
         keep = min(keep, len(context) - 1)  # always feed at least one token to get logits
+        if self._first_proposal:
+            self.num_reused_tokens, self._first_proposal = keep, False
         if keep < backend.num_cached:
             backend.truncate(keep)
         missing = context[keep:]

@@ -1,0 +1,177 @@
+"""Retrieval datastore drafter (after REST, arXiv 2311.08252) and its on-disk index.
+
+`build_datastore` tokenises a corpus with the target's tokenizer into tokens.npy and a
+suffix array sa.npy (sorted by the first DEPTH tokens; memory-mapped when loaded).
+The drafter finds the longest context suffix in the corpus by binary search and
+proposes the most frequent continuation among its occurrences.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+from draftwise.drafters.continuation import frequency_walk
+from draftwise.types import Draft, SamplingParams, SpeculationConfig
+
+DEPTH = 64  # suffixes are sorted by their first DEPTH tokens: matches are capped there
+MAX_MATCH = 32
+MAX_OCCURRENCES = 256
+FORMAT_VERSION = 1
+
+
+def suffix_array(tokens: np.ndarray, depth: int = DEPTH) -> np.ndarray:
+    """Suffix array by prefix doubling (numpy), ordered by the first `depth` tokens.
+
+    Example: [2, 1, 2, 1] -> suffixes "2121", "121", "21", "1" sort as [3, 1, 2, 0].
+    Ties beyond depth are broken by position (stable), which matching never needs.
+    """
+    n = len(tokens)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    _, rank = np.unique(tokens, return_inverse=True)
+    rank = rank.astype(np.int64)
+    k = 1
+    while k < depth:
+        second = np.full(n, -1, dtype=np.int64)
+        second[: n - k] = rank[k:]
+        order = np.lexsort((second, rank))
+        r1, r2 = rank[order], second[order]
+        new_group = np.concatenate([[0], np.cumsum((r1[1:] != r1[:-1]) | (r2[1:] != r2[:-1]))])
+        rank = np.empty(n, dtype=np.int64)
+        rank[order] = new_group
+        if new_group[-1] == n - 1:
+            break
+        k *= 2
+    return np.argsort(rank, kind="stable")
+
+
+def build_datastore(texts: Iterable[tuple[str, str]], encode: Callable[[str], list[int]], out: Path,
+                    *, max_tokens: int | None = None, progress: Callable[[str], None] | None = None) -> dict:
+    """texts: (name, text) pairs. Writes out/tokens.npy, out/sa.npy, out/meta.json."""
+    t0 = time.perf_counter()
+    chunks: list[np.ndarray] = []
+    num_docs = num_tokens = 0
+    for name, text in texts:
+        ids = encode(text)
+        if not ids:
+            continue
+        num_docs += 1
+        # NOTE: every document ends with its own negative separator, so no match crosses files.
+        chunks.append(np.asarray([*ids, -num_docs], dtype=np.int32))
+        num_tokens += len(ids)
+        if progress and num_docs % 100 == 0:
+            progress(f"tokenised {num_docs} files, {num_tokens:,} tokens")
+        if max_tokens is not None and num_tokens >= max_tokens:
+            break
+    tokens = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int32)
+    t1 = time.perf_counter()
+    if progress:
+        progress(f"building the suffix array over {len(tokens):,} positions")
+    sa = suffix_array(tokens)
+    out.mkdir(parents=True, exist_ok=True)
+    np.save(out / "tokens.npy", tokens)
+    np.save(out / "sa.npy", sa.astype(np.int64 if len(tokens) >= 2**31 else np.int32))
+    meta = {"version": FORMAT_VERSION, "num_docs": num_docs, "num_tokens": num_tokens,
+            "tokenize_s": round(t1 - t0, 2), "suffix_array_s": round(time.perf_counter() - t1, 2),
+            "bytes": (out / "tokens.npy").stat().st_size + (out / "sa.npy").stat().st_size}
+    (out / "meta.json").write_text(json.dumps(meta))
+    return meta
+
+
+class DatastoreDrafter:
+    free = True
+
+    def __init__(self, path: str | Path, min_match: int = 2, min_confidence: float = 0.2,
+                 name: str = "datastore") -> None:
+        path = Path(path)
+        if not (path / "sa.npy").is_file():
+            raise FileNotFoundError(f"no datastore at {path} (build one with `draftwise index build`)")
+        self.tokens = np.load(path / "tokens.npy", mmap_mode="r")
+        self.sa = np.load(path / "sa.npy", mmap_mode="r")
+        self.meta = json.loads((path / "meta.json").read_text())
+        self.min_match, self.min_confidence, self.name = min_match, min_confidence, name
+
+    def begin(self, sampling: SamplingParams, speculation: SpeculationConfig) -> None:
+        pass
+
+    def _compare(self, start: int, pattern: np.ndarray) -> int:
+        """Sign of corpus[start:start+m] vs pattern, lexicographically (shorter = smaller)."""
+        window = np.asarray(self.tokens[start : start + len(pattern)])
+        m = len(window)
+        diff = np.flatnonzero(window != pattern[:m])
+        if diff.size:
+            return -1 if window[diff[0]] < pattern[diff[0]] else 1
+        return 0 if m == len(pattern) else -1
+
+    def _range(self, pattern: np.ndarray) -> tuple[int, int]:
+        """[lo, hi) of suffix-array entries starting with pattern."""
+        lo, hi = 0, len(self.sa)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._compare(int(self.sa[mid]), pattern) < 0:
+                lo = mid + 1
+            else:
+                hi = mid
+        first, hi = lo, len(self.sa)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._compare(int(self.sa[mid]), pattern) <= 0:
+                lo = mid + 1
+            else:
+                hi = mid
+        return first, lo
+
+    def match(self, context: Sequence[int]) -> tuple[list[int], int]:
+        """Continuation starts for the longest context suffix in the corpus (binary search on length)."""
+        tail = np.asarray(context[-MAX_MATCH:], dtype=np.int32)
+        best: tuple[int, int, int] = (0, 0, 0)
+        lo_len, hi_len = self.min_match, len(tail)
+        while lo_len <= hi_len:  # occurrence is monotone in length: longer found => shorter found
+            m = (lo_len + hi_len) // 2
+            first, last = self._range(tail[len(tail) - m :])
+            if last > first:
+                best, lo_len = (m, first, last), m + 1
+            else:
+                hi_len = m - 1
+        m, first, last = best
+        if m == 0:
+            return [], 0
+        starts = np.asarray(self.sa[first : min(last, first + MAX_OCCURRENCES)]) + m
+        return [int(s) for s in starts], m
+
+    def _token_at(self, p: int) -> int | None:
+        if p >= len(self.tokens):
+            return None
+        t = int(self.tokens[p])
+        return None if t < 0 else t
+
+    def propose(self, context: Sequence[int], max_tokens: int) -> Draft:
+        positions, length = self.match(context)
+        if not positions or max_tokens <= 0:
+            return Draft((), source=self.name)
+        proposal, _ = frequency_walk(self._token_at, positions, max_tokens, self.min_confidence)
+        return Draft(tuple(proposal), source=self.name, score=float(length))
+
+    def accept(self, num_accepted: int) -> None:
+        pass
+
+
+def stdlib_sources(max_files: int | None = None) -> list[tuple[str, str]]:
+    """(path, text) of the running Python's standard library sources, tests excluded."""
+    import sysconfig
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    skip = {"test", "tests", "idle_test", "site-packages", "lib2to3", "__pycache__"}
+    files = sorted(p for p in root.rglob("*.py") if not skip & set(p.relative_to(root).parts))
+    out = []
+    for p in files[:max_files]:
+        try:
+            out.append((str(p), p.read_text(encoding="utf-8")))
+        except (UnicodeDecodeError, OSError):
+            continue
+    return out

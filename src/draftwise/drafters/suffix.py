@@ -1,0 +1,123 @@
+"""Suffix/history drafter (after SuffixDecoding, arXiv 2411.04975).
+
+Indexes the current context and earlier requests' contexts (bounded: oldest evicted)
+and proposes, for the longest suffix of the context found there, the most frequent
+observed continuation. Agent and coding workloads repeat themselves across requests.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from typing import Sequence
+
+from draftwise.drafters.continuation import frequency_walk
+from draftwise.types import Draft, SamplingParams, SpeculationConfig
+
+SEPARATOR = -1  # between documents: no match or continuation crosses it
+MAX_CANDIDATES = 128
+MAX_BACKWARD = 64
+
+
+class SuffixDrafter:
+    """Example: after a request whose text was [1, 2, 3, 4], a new context [9, 2, 3]
+    gets the proposal (4,) — the continuation seen after (2, 3) in history.
+    """
+
+    free = True
+
+    def __init__(self, max_history_tokens: int = 200_000, min_n: int = 2, min_confidence: float = 0.2,
+                 name: str = "suffix") -> None:
+        self.max_history_tokens, self.min_n = max_history_tokens, min_n
+        self.min_confidence, self.name = min_confidence, name
+        self._docs: deque[list[int]] = deque()  # finished contexts, oldest first
+        self._tokens: list[int] = []  # all docs + the live context, separated by SEPARATOR
+        self._index: dict[tuple[int, ...], list[int]] = defaultdict(list)  # n-gram -> continuation starts
+        self._live_start = 0  # where the live (current) context begins in _tokens
+        self.last_confidences: list[float] = []
+
+    # ---------------------------------------------------------------- index upkeep
+    def _append(self, token: int) -> None:
+        self._tokens.append(token)
+        end = len(self._tokens)
+        if end - self._live_start >= self.min_n:
+            self._index[tuple(self._tokens[end - self.min_n :])].append(end)
+
+    def _rebuild(self) -> None:
+        live = self._tokens[self._live_start :]
+        self._tokens, self._index = [], defaultdict(list)
+        for doc in self._docs:
+            self._live_start = len(self._tokens)
+            for t in doc:
+                self._append(t)
+            self._tokens.append(SEPARATOR)
+        self._live_start = len(self._tokens)
+        for t in live:
+            self._append(t)
+
+    def _retire_live(self) -> None:
+        live = self._tokens[self._live_start :]
+        if live:
+            self._docs.append(live)
+            self._tokens.append(SEPARATOR)
+            self._live_start = len(self._tokens)
+        total = sum(len(d) for d in self._docs)
+        if total > self.max_history_tokens:
+            while self._docs and total > self.max_history_tokens:
+                total -= len(self._docs.popleft())
+            self._rebuild()
+
+    def _sync(self, context: Sequence[int]) -> None:
+        live = self._tokens[self._live_start :]
+        n = len(live)
+        if len(context) < n or list(context[:n]) != live:
+            self._retire_live()
+            n = 0
+        for t in context[n:]:
+            self._append(int(t))
+
+    @property
+    def num_history_tokens(self) -> int:
+        return sum(len(d) for d in self._docs)
+
+    # ---------------------------------------------------------------- drafting
+    def begin(self, sampling: SamplingParams, speculation: SpeculationConfig) -> None:
+        pass
+
+    def _token_at(self, p: int) -> int | None:
+        if p >= len(self._tokens):
+            return None
+        t = self._tokens[p]
+        return None if t == SEPARATOR else t
+
+    def match(self, context: Sequence[int]) -> tuple[list[int], int]:
+        """Continuation starts of the longest matching suffix, and its length."""
+        self._sync(context)
+        tokens, end = self._tokens, len(self._tokens)
+        if end - self._live_start < self.min_n:
+            return [], 0
+        starts = self._index.get(tuple(tokens[end - self.min_n :]), [])
+        best, best_len = [], 0
+        for start in starts[-MAX_CANDIDATES:]:
+            if start >= end:
+                continue
+            length = self.min_n
+            while (length < MAX_BACKWARD and start - length - 1 >= 0 and end - length - 1 >= self._live_start
+                   and tokens[start - length - 1] == tokens[end - length - 1] != SEPARATOR):
+                length += 1
+            if length > best_len:
+                best, best_len = [start], length
+            elif length == best_len:
+                best.append(start)
+        return best, best_len
+
+    def propose(self, context: Sequence[int], max_tokens: int) -> Draft:
+        positions, length = self.match(context)
+        self.last_confidences = []
+        if not positions or max_tokens <= 0:
+            return Draft((), source=self.name)
+        proposal, confidences = frequency_walk(self._token_at, positions, max_tokens, self.min_confidence)
+        self.last_confidences = confidences
+        return Draft(tuple(proposal), source=self.name, score=float(length))
+
+    def accept(self, num_accepted: int) -> None:
+        pass
