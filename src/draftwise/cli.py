@@ -306,11 +306,12 @@ def _csv(kind, allow_same: bool = False):
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="bench-out", show_default=True)
 @click.option("--resume", is_flag=True, help="Continue the results.json in --out, skipping finished prompts.")
 @click.option("--report-only", is_flag=True, help="Only rewrite report.md and the plots from --out/results.json.")
+@click.option("--datastore", default=None, help="A retrieval datastore (draftwise index build): drafter 'datastore'.")
 @model_options
 @friendly_errors
 def bench(suite, prompts_file, categories, methods, max_tokens, temperature, draft_temperature, ks, repeats, seed,
           top_p, top_k, min_p, ignore_eos, context_sweep, context_lengths, draft_model, out_dir, resume, report_only,
-          target, backend, n_ctx, threads, dtype, device) -> None:
+          datastore, target, backend, n_ctx, threads, dtype, device) -> None:
     """Benchmark methods per task category; writes results.json, report.md and PNG plots to --out."""
     from pathlib import Path
 
@@ -339,7 +340,8 @@ def bench(suite, prompts_file, categories, methods, max_tokens, temperature, dra
     if max_tokens is None:
         max_tokens = 128 if suite == "quick" else 256
     draft_model = None if draft_model in (None, "", "none") else draft_model
-    specs = parse_methods(methods, ["ngram", "draft"] if draft_model else ["ngram"])
+    free = ["ngram", "suffix"] + (["datastore"] if datastore else [])
+    specs = parse_methods(methods, free + (["draft"] if draft_model else []))
     need_draft = any("draft" in m.drafters for m in specs)
     config = BenchConfig(methods=tuple(m.name for m in specs), max_tokens=max_tokens, temperatures=temperature,
                          ks=ks, draft_temperatures=draft_temperature, repeats=repeats,
@@ -355,7 +357,8 @@ def bench(suite, prompts_file, categories, methods, max_tokens, temperature, dra
     options = _load_options(backend, n_ctx, threads, dtype, device)
     report = _progress_printer()
     try:
-        loaded = load_bench_engine(target, draft_model, need_draft=need_draft, options=options, progress=report)
+        loaded = load_bench_engine(target, draft_model, need_draft=need_draft, options=options, progress=report,
+                                   datastore=datastore)
     finally:
         report.bars.stop()
     meta = {"target": target, "draft_model": draft_model if need_draft else None, "prompts": source,

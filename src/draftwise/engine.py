@@ -272,6 +272,7 @@ class Engine:
                     for token in new_ids:
                         if token in eos_ids:
                             stats.finish_reason = "stop"
+                            stats.num_eos = 1
                             break
                         generated.append(token)
                         context.append(token)

@@ -20,6 +20,7 @@ class RequestStats:
     num_reused_tokens: int = 0  # prompt tokens whose KV entries were reused from the last request
     num_draft_reused_tokens: int = 0  # the same for the draft model's cache (0 if it never drafted)
     num_generated: int = 0
+    num_eos: int = 0  # 1 when an EOS token ended the request (committed, not part of the text)
     num_drafted: int = 0
     num_accepted: int = 0
     num_steps: int = 0
@@ -62,7 +63,8 @@ class RequestStats:
 
     @property
     def tokens_per_step(self) -> float:
-        return self.num_generated / self.num_steps if self.num_steps else 0.0
+        # The EOS token is produced by a step like any other, so plain decoding stays at 1.0.
+        return (self.num_generated + self.num_eos) / self.num_steps if self.num_steps else 0.0
 
     @property
     def accepted_per_position(self) -> list[float]:
@@ -91,6 +93,8 @@ class RequestStats:
             "mean_accepted_tokens": self.mean_accepted_tokens,
             "tokens_per_step": self.tokens_per_step,
             "accepted_per_position": self.accepted_per_position,
+            "position_drafted": list(self.position_drafted),
+            "position_accepted": list(self.position_accepted),
             "tokens_per_second": self.tokens_per_second,
             "tokens_per_second_e2e": self.tokens_per_second_e2e,
             "prefill_ms": self.prefill_ms,

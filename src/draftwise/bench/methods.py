@@ -12,7 +12,7 @@ from typing import Sequence
 
 from draftwise.types import POLICIES, ConfigError, SpeculationConfig
 
-KEYWORDS = ("baseline", "draft", "ngram", "heuristic", "auto")
+KEYWORDS = ("baseline", "draft", "ngram", "suffix", "datastore", "heuristic", "auto")
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ def parse_method(name: str, available: Sequence[str]) -> MethodSpec:
     available = list(available)
     if name == "baseline":
         return MethodSpec(name, "fixed", (), enabled=False)
-    if name in ("draft", "ngram"):
+    if name in ("draft", "ngram", "suffix", "datastore"):
         return MethodSpec(name, "fixed", _known((name,), available, name))
     if name == "heuristic":
         if not available:

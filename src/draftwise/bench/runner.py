@@ -457,7 +457,8 @@ class LoadedBench:
     memory: dict = field(default_factory=dict)
 
 
-def load_bench_engine(target: str, draft_model: str | None, *, need_draft: bool, options, progress=None) -> LoadedBench:
+def load_bench_engine(target: str, draft_model: str | None, *, need_draft: bool, options, progress=None,
+                      datastore: str | None = None) -> LoadedBench:
     """Load the target (+ n-gram drafter) and, only if a method needs it, the draft model.
 
     Resident memory is read before loading, after the target has decoded a few tokens,
@@ -465,13 +466,18 @@ def load_bench_engine(target: str, draft_model: str | None, *, need_draft: bool,
     model's memory overhead is the difference: target+draft minus target alone.
     """
     from draftwise.drafters import ModelDrafter, NgramDrafter
+    from draftwise.drafters.suffix import SuffixDrafter
     from draftwise.engine import Engine
     from draftwise.loading import load_backend
 
     memory = {"rss_start_mb": round(current_rss_mb(), 1)}
     target_backend = load_backend(target, options, progress)
-    ngram = NgramDrafter(options.ngram_min, options.ngram_max)
-    engine = Engine(target_backend, [ngram])
+    free = [NgramDrafter(options.ngram_min, options.ngram_max), SuffixDrafter()]
+    if datastore:
+        from draftwise.drafters.datastore import DatastoreDrafter
+
+        free.append(DatastoreDrafter(datastore))
+    engine = Engine(target_backend, free)
     _touch(engine, None)
     memory["rss_target_mb"] = round(current_rss_mb(), 1)
     memory["target_overhead_mb"] = round(memory["rss_target_mb"] - memory["rss_start_mb"], 1)
@@ -480,7 +486,7 @@ def load_bench_engine(target: str, draft_model: str | None, *, need_draft: bool,
             raise ConfigError("a method needs the draft model, but none is set (--draft-model)")
         try:
             draft_backend = load_backend(draft_model, options, progress)
-            engine = Engine(target_backend, [ngram, ModelDrafter(draft_backend, name="draft")])
+            engine = Engine(target_backend, [*free, ModelDrafter(draft_backend, name="draft")])
         except BaseException:
             target_backend.close()
             raise

@@ -1,0 +1,106 @@
+"""Suffix/history and retrieval-datastore drafters with literal token lists."""
+
+import numpy as np
+import pytest
+
+from draftwise.backends.toy import ToyBackend, ToyModel
+from draftwise.drafters.continuation import frequency_walk
+from draftwise.drafters.datastore import DatastoreDrafter, build_datastore, suffix_array
+from draftwise.drafters.suffix import SuffixDrafter
+from draftwise.engine import Engine
+from draftwise.types import SamplingParams, SpeculationConfig
+
+
+def test_frequency_walk_docstring_example():
+    tokens = list("abxabxaby")
+    positions = [2, 5, 8]  # after each "ab"
+    proposal, conf = frequency_walk(lambda p: tokens[p] if p < len(tokens) else None, positions, 3)
+    assert proposal[0] == "x" and conf[0] == pytest.approx(2 / 3)
+
+
+def test_suffix_drafter_docstring_example():
+    d = SuffixDrafter(min_n=2)
+    d.propose([1, 2, 3, 4], 2)  # request 1
+    assert d.propose([9, 2, 3], 2).token_ids == (4,)  # request 2 finds it in history
+    assert d.num_history_tokens == 4
+
+
+def test_suffix_drafter_picks_most_frequent_continuation():
+    d = SuffixDrafter(min_n=2, min_confidence=0.0)
+    for doc in ([1, 5, 6, 7, 8], [2, 5, 6, 7, 8], [3, 5, 6, 9, 9]):
+        d.propose(doc, 1)
+    draft = d.propose([4, 5, 6], 3)
+    assert draft.token_ids == (7, 8)
+    assert d.last_confidences[0] == pytest.approx(2 / 3)
+
+
+def test_suffix_drafter_no_match_and_tie_prefers_longer_match():
+    d = SuffixDrafter(min_n=2)
+    assert d.propose([1, 2, 3], 4).token_ids == ()
+    d.propose([7, 1, 2, 3, 40], 1)
+    d.propose([8, 1, 2, 3, 50], 1)
+    # The longer backward match (8, 1, 2, 3) decides, despite the tie in frequency.
+    assert d.propose([0, 8, 1, 2, 3], 1).token_ids == (50,)
+
+
+def test_suffix_drafter_evicts_oldest_history():
+    d = SuffixDrafter(max_history_tokens=8, min_n=2)
+    d.propose([1, 2, 3, 4], 1)
+    d.propose([5, 6, 7, 8], 1)
+    d.propose([9, 9, 9, 9], 1)  # retires [5..8]: 8 tokens, budget kept
+    d.propose([0], 1)  # retires [9, 9, 9, 9]: [1, 2, 3, 4] is evicted
+    assert d.num_history_tokens == 8
+    assert d.propose([0, 6, 7], 1).token_ids == (8,)  # extends the live context: nothing retired
+    assert d.propose([0, 6, 7, 2, 3], 1).token_ids == ()  # [1, 2, 3, 4] is gone
+
+
+def test_suffix_array_small():
+    assert suffix_array(np.array([2, 1, 2, 1])).tolist() == [3, 1, 2, 0]
+    tokens = np.array([3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5])
+    expected = sorted(range(len(tokens)), key=lambda i: tokens[i:].tolist())
+    assert suffix_array(tokens).tolist() == expected
+
+
+@pytest.fixture
+def datastore(tmp_path):
+    docs = [("a.py", "abcdefgh"), ("b.py", "xyzabcdq"), ("c.py", "abcdefgz")]
+    encode = lambda text: [ord(c) for c in text]  # noqa: E731
+    meta = build_datastore(docs, encode, tmp_path / "ds")
+    assert meta["num_docs"] == 3 and meta["num_tokens"] == 24
+    return DatastoreDrafter(tmp_path / "ds")
+
+
+def test_datastore_prefers_the_longer_match(datastore):
+    # "zabcd" occurs once (b.py), longer than the three "abcd": its continuation wins.
+    assert datastore.propose([ord(c) for c in "zzabcd"], 1).token_ids == (ord("q"),)
+
+
+def test_datastore_longest_match_and_majority_continuation(datastore):
+    draft = datastore.propose([ord(c) for c in "wwabcd"], 4)
+    # "abcd" occurs 3 times: followed by e, q, e -> "e"; then "fg" in both; then h or z (tie).
+    assert bytes(draft.token_ids[:3]).decode() == "efg"
+    assert draft.score == 4
+
+
+def test_datastore_never_crosses_file_boundaries(datastore):
+    # "gh" ends a.py: nothing may be proposed after it, not b.py's first token.
+    assert datastore.propose([ord(c) for c in "fgh"], 3).token_ids == ()
+
+
+def test_datastore_no_match(datastore):
+    assert datastore.propose([1000, 1001], 3).token_ids == ()
+
+
+def test_greedy_equivalence_with_history_drafters(tmp_path):
+    model = ToyModel(vocab_size=24, order=2, seed=1, sharpness=3.0)
+    build_datastore([("t", "abcabcabdabc")], lambda text: [ord(c) - 96 for c in text], tmp_path / "ds")
+    engine = Engine(ToyBackend(model), [SuffixDrafter(), DatastoreDrafter(tmp_path / "ds")])
+    for prompt in ([1, 2, 3, 1, 2, 3, 1, 2], [4, 5, 6, 4, 5]):
+        plain = engine.generate(prompt_ids=prompt, sampling=SamplingParams(max_tokens=50),
+                                speculation=SpeculationConfig(enabled=False)).token_ids
+        for name in ("suffix", "datastore"):
+            for k in (1, 2, 5):
+                got = engine.generate(prompt_ids=prompt, sampling=SamplingParams(max_tokens=50),
+                                      speculation=SpeculationConfig(policy="fixed", max_draft_tokens=k),
+                                      drafters=[name])
+                assert got.token_ids == plain
