@@ -11,6 +11,7 @@ import json
 import sys
 
 import click
+from dataclasses import replace
 from pathlib import Path
 
 from draftwise import models
@@ -131,17 +132,21 @@ def _load_options(backend, n_ctx, threads, dtype, device):
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text, token_ids and metrics.")
 @click.option("--datastore", default=None, help="A retrieval datastore (draftwise index build) to draft from.")
+@click.option("--branches", type=int, default=1, show_default=True,
+              help="Token trees: verify up to N n-gram continuations per step (greedy, fixed policy).")
 @model_options
 @friendly_errors
 def generate(prompt, chat, system, draft, policy, k, max_tokens, temperature, top_p, top_k, min_p,
-             draft_temperature, seed, stop, as_json, datastore, target, backend, n_ctx, threads, dtype, device) -> None:
+             draft_temperature, seed, stop, as_json, datastore, branches, target, backend, n_ctx, threads, dtype,
+             device) -> None:
     """Generate text with speculative decoding, streaming it to the terminal."""
     from draftwise.loading import load_engine
 
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                               max_tokens=max_tokens, stop=tuple(stop))
-    speculation = SpeculationConfig(policy=policy, max_draft_tokens=k, draft_temperature=draft_temperature)
-    options = _load_options(backend, n_ctx, threads, dtype, device)
+    speculation = SpeculationConfig(policy=policy, max_draft_tokens=k, draft_temperature=draft_temperature,
+                                    max_branches=branches)
+    options = replace(_load_options(backend, n_ctx, threads, dtype, device), n_seq_max=branches)
     report = _progress_printer()
     try:
         engine = load_engine(target, draft, options=options, speculation=speculation, progress=report,

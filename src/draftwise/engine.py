@@ -19,8 +19,8 @@ from draftwise.drafters.base import Drafter
 from draftwise.metrics import RequestStats
 from draftwise.policy import PlanState, Policy, make_policy
 from draftwise.sampling import LazyTargetProbs, make_rng
-from draftwise.types import ConfigError, Draft, SamplingParams, SpeculationConfig, StepStats
-from draftwise.verify import greedy_verify, rejection_sample
+from draftwise.types import ConfigError, Draft, SamplingParams, SpeculationConfig, StepStats, TreeDraft
+from draftwise.verify import greedy_verify, greedy_verify_tree, rejection_sample
 
 
 class PromptTooLongError(ConfigError):
@@ -237,32 +237,39 @@ class Engine:
                     if max_k < 0:
                         stats.finish_reason = "length"
                         break
-                    plan = policy.plan(PlanState(context=context, max_k=max_k))
+                    plan = policy.plan(PlanState(context=context, max_k=max_k, greedy=sampling.greedy))
                     # 3. Draft.
                     t_step = time.perf_counter()
                     draft = plan.draft
                     if draft is None:
                         draft = plan.drafter.propose(context, plan.k) if plan.drafter is not None and plan.k > 0 else Draft()
-                    if len(draft) > max_k:
-                        draft = Draft(draft.token_ids[:max_k],
-                                      None if draft.draft_probs is None else draft.draft_probs[:max_k],
-                                      draft.source, draft.score)
+                    max_branches = getattr(target, "n_seq_max", 16) if sampling.greedy and hasattr(target, "extend_tree") else 1
+                    draft = _fit(draft, max_k, max_branches)
                     t_verify = time.perf_counter()
-                    # 4. Verify: one target forward over [last committed, d_1..d_k] -> k+1 rows.
-                    logits = target.extend([context[-1], *draft.token_ids])  # [k+1, V]
-                    if sampling.greedy:
-                        verdict = greedy_verify(draft.token_ids, np.argmax(logits, axis=-1))
+                    if isinstance(draft, TreeDraft):
+                        # 4'. Verify every branch in one target pass; keep the longest accepted one.
+                        branch_logits = target.extend_tree(context[-1], draft.branches)  # [k_b+1, V] each
+                        branch, verdict = greedy_verify_tree(draft.branches, [np.argmax(x, axis=-1) for x in branch_logits])
+                        target.commit_branch(branch, verdict.num_accepted)
+                        draft_ids = draft.branches[branch]
                     else:
-                        verdict = rejection_sample(draft, LazyTargetProbs(logits, sampling), rng)
-                    # 5. Commit: keep d_1..d_n in the cache, drop the rejected rest.
-                    target.truncate(len(context) + verdict.num_accepted)
+                        # 4. Verify: one target forward over [last committed, d_1..d_k] -> k+1 rows.
+                        logits = target.extend([context[-1], *draft.token_ids])  # [k+1, V]
+                        if sampling.greedy:
+                            verdict = greedy_verify(draft.token_ids, np.argmax(logits, axis=-1))
+                        else:
+                            verdict = rejection_sample(draft, LazyTargetProbs(logits, sampling), rng)
+                        # 5. Commit: keep d_1..d_n in the cache, drop the rejected rest.
+                        target.truncate(len(context) + verdict.num_accepted)
+                        draft_ids = draft.token_ids
                     t_end = time.perf_counter()
-                    new_ids = verdict.committed(draft.token_ids)
+                    new_ids = verdict.committed(draft_ids)
                     step = StepStats(
                         drafter=draft.source if len(draft) else "none",
                         num_drafted=len(draft), num_accepted=verdict.num_accepted,
                         num_committed=len(new_ids), draft_ms=1000 * (t_verify - t_step),
                         verify_ms=1000 * (t_end - t_verify), planned_k=plan.k,
+                        num_branches=len(draft.branches) if isinstance(draft, TreeDraft) else 1,
                     )
                     stats.record(step)
                     if plan.drafter is not None and len(draft):
@@ -311,6 +318,21 @@ class Engine:
                 # A failed request must not poison the next one: forget the cache contents.
                 target.reset()
                 raise
+
+
+def _fit(draft: Draft | TreeDraft, max_k: int, max_branches: int) -> Draft | TreeDraft:
+    """Trim a proposal to max_k tokens per branch and to the branches the target can hold;
+    a single branch becomes a chain (trees are greedy-only; sampling keeps exact chain
+    verification, so a tree under sampling is reduced to its first branch)."""
+    if isinstance(draft, TreeDraft):
+        branches = tuple(b[:max_k] for b in draft.branches if max_k > 0 and len(b))[:max_branches]
+        if len(branches) > 1:
+            return TreeDraft(branches, draft.source, draft.score)
+        return Draft(branches[0] if branches else (), None, draft.source, draft.score)
+    if len(draft) > max_k:
+        probs = None if draft.draft_probs is None else draft.draft_probs[:max_k]
+        return Draft(draft.token_ids[:max_k], probs, draft.source, draft.score)
+    return draft
 
 
 def _find_stop(text: str, stops: Sequence[str], start: int) -> int | None:

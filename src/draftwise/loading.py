@@ -7,7 +7,7 @@ given comma-separated ("ngram,qwen2.5-coder-0.5b-instruct") for the auto policy.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from draftwise import models
@@ -30,6 +30,7 @@ class LoadOptions:
     device: str = "cpu"  # hf only
     ngram_min: int = 2
     ngram_max: int = 4
+    n_seq_max: int = 1  # llama.cpp sequences for token-tree verification (target only)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -57,7 +58,8 @@ def load_backend(spec: str, options: LoadOptions = LoadOptions(), progress=None)
             raise ConfigError(f"{path} is a directory; the llama.cpp backend needs a .gguf file (or use --backend hf)")
         from draftwise.backends.llamacpp import LlamaCppBackend
 
-        return LlamaCppBackend(path, n_ctx=options.n_ctx, n_threads=options.threads, name=name)
+        return LlamaCppBackend(path, n_ctx=options.n_ctx, n_threads=options.threads, name=name,
+                               n_seq_max=options.n_seq_max)
     from draftwise.backends.hf import HFBackend
 
     return HFBackend(path, dtype=options.dtype, device=options.device, n_ctx=options.n_ctx,
@@ -97,7 +99,7 @@ def load_engine(
             elif name == "suffix":
                 drafters.append(SuffixDrafter())
             else:
-                draft_backend = load_backend(name, draft_options or options, progress)
+                draft_backend = load_backend(name, draft_options or replace(options, n_seq_max=1), progress)
                 drafters.append(ModelDrafter(draft_backend, name="draft"))
         if datastore:
             from draftwise.drafters.datastore import DatastoreDrafter

@@ -25,6 +25,7 @@ class RequestStats:
     num_accepted: int = 0
     num_steps: int = 0
     num_steps_with_draft: int = 0
+    num_tree_steps: int = 0  # steps that verified several branches at once
     prefill_ms: float = 0.0
     decode_ms: float = 0.0
     draft_ms: float = 0.0
@@ -44,6 +45,7 @@ class RequestStats:
         self.verify_ms += step.verify_ms
         self.drafter_choices[step.drafter] += 1
         self.k_choices[step.planned_k] += 1
+        self.num_tree_steps += int(step.num_branches > 1)
         if step.num_drafted:
             self.num_steps_with_draft += 1
             while len(self.position_drafted) < step.num_drafted:
@@ -89,6 +91,7 @@ class RequestStats:
             "num_accepted": self.num_accepted,
             "num_steps": self.num_steps,
             "num_steps_with_draft": self.num_steps_with_draft,
+            "num_tree_steps": self.num_tree_steps,
             "acceptance_rate": self.acceptance_rate,
             "mean_accepted_tokens": self.mean_accepted_tokens,
             "tokens_per_step": self.tokens_per_step,

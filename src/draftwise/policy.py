@@ -11,20 +11,21 @@ from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 from draftwise.drafters.base import Drafter
-from draftwise.types import Draft, SpeculationConfig, StepStats
+from draftwise.types import Draft, SpeculationConfig, StepStats, TreeDraft
 
 
 @dataclass(frozen=True)
 class PlanState:
     context: Sequence[int]  # committed tokens (prompt + generated)
     max_k: int  # the most draft tokens that fit (context window, max_tokens)
+    greedy: bool = True  # token trees are verified greedily only
 
 
 @dataclass(frozen=True)
 class Plan:
     drafter: Drafter | None
     k: int
-    draft: Draft | None = None  # a proposal the policy already obtained while planning
+    draft: Draft | TreeDraft | None = None  # a proposal the policy already obtained while planning
 
 
 class Policy(Protocol):
@@ -42,15 +43,20 @@ class FixedPolicy:
     def __init__(self) -> None:
         self._drafter: Drafter | None = None
         self._k = 0
+        self._branches = 1
 
     def begin(self, drafters: Sequence[Drafter], speculation: SpeculationConfig) -> None:
         self._drafter = drafters[0] if drafters and speculation.enabled else None
         self._k = speculation.max_draft_tokens
+        self._branches = speculation.max_branches
 
     def plan(self, state: PlanState) -> Plan:
         if self._drafter is None:
             return Plan(None, 0)
-        return Plan(self._drafter, min(self._k, state.max_k))
+        k = min(self._k, state.max_k)
+        if self._branches > 1 and state.greedy and k > 0 and hasattr(self._drafter, "propose_tree"):
+            return Plan(self._drafter, k, self._drafter.propose_tree(state.context, k, self._branches))
+        return Plan(self._drafter, k)
 
     def observe(self, step: StepStats) -> None:
         pass

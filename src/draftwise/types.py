@@ -73,12 +73,14 @@ class SpeculationConfig:
     min_draft_tokens: int = 1
     draft_temperature: float | None = None
     enabled: bool = True
+    max_branches: int = 1  # >1: token-tree drafts (greedy only; sampling falls back to chains)
 
     def __post_init__(self) -> None:
         _check(self.policy in POLICIES, f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
         _check(1 <= self.max_draft_tokens <= 256, f"max_draft_tokens (k) must be in [1, 256], got {self.max_draft_tokens}")
         _check(1 <= self.min_draft_tokens <= self.max_draft_tokens,
                f"min_draft_tokens must be in [1, max_draft_tokens={self.max_draft_tokens}], got {self.min_draft_tokens}")
+        _check(1 <= self.max_branches <= 16, f"max_branches must be in [1, 16], got {self.max_branches}")
         _check(self.draft_temperature is None or self.draft_temperature >= 0,
                f"draft_temperature must be >= 0, got {self.draft_temperature}")
 
@@ -104,6 +106,31 @@ class Draft:
 
     def __len__(self) -> int:
         return len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class TreeDraft:
+    """Several candidate continuations verified in one target pass (greedy only).
+
+    Example: branches ((5, 6, 7), (5, 8)) -- both start with 5; the target keeps the
+    branch with the longest accepted prefix.
+    """
+
+    branches: tuple[tuple[int, ...], ...]
+    source: str = ""
+    score: float = 0.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "branches", tuple(tuple(int(t) for t in b) for b in self.branches if len(b)))
+
+    def __len__(self) -> int:
+        """Number of draft tokens the target verifies (shared first tokens counted once)."""
+        return len(_trie_tokens(self.branches))
+
+
+def _trie_tokens(branches) -> set[tuple[int, ...]]:
+    """Distinct prefixes (trie nodes) of the branches: each costs one verified token."""
+    return {b[: i + 1] for b in branches for i in range(len(b))}
 
 
 @dataclass(frozen=True)
@@ -133,4 +160,5 @@ class StepStats:
     draft_ms: float
     verify_ms: float
     planned_k: int = 0
+    num_branches: int = 1  # > 1 for a token-tree step
     accepted_mask: tuple[bool, ...] = field(default_factory=tuple)

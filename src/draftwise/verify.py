@@ -67,3 +67,20 @@ def _recover(target_row: np.ndarray, draft: Draft, i: int, token: int, rng: np.r
         # probability 0); the target row itself is the right fallback.
         residual = target_row
     return sample(residual, rng)
+
+
+def greedy_verify_tree(branches: Sequence[Sequence[int]], branch_argmax: Sequence[Sequence[int]]) -> tuple[int, Verdict]:
+    """Greedy verification of several candidate continuations checked in one target pass.
+
+    branches[b] [k_b]; branch_argmax[b] [k_b + 1]: target argmax after the shared last
+    token and after each token of branch b. The branch with the longest accepted prefix
+    wins (ties: the earlier branch); every committed token is the target's own argmax.
+    Example: branches [[5, 6], [5, 7]], argmax [[5, 9, 1], [5, 7, 3]] -> (1, Verdict(2, 3)).
+    """
+    best_branch, best = 0, None
+    for b, (draft_ids, argmax) in enumerate(zip(branches, branch_argmax)):
+        verdict = greedy_verify(draft_ids, argmax)
+        if best is None or verdict.num_accepted > best.num_accepted:
+            best_branch, best = b, verdict
+    assert best is not None, "a tree needs at least one branch"
+    return best_branch, best

@@ -99,3 +99,44 @@ def test_tokenizer_mismatch_is_refused(tiny_gguf_dir, target, tmp_path):
     with pytest.raises(TokenizerMismatchError, match="does not share the tokenizer"):
         Engine(target, [ModelDrafter(ToyBackend(ToyModel(vocab_size=target.vocab_size)))])
     Engine(target, [ModelDrafter(other)])  # same tokenizer: accepted
+
+
+@pytest.fixture(scope="module")
+def tree_target(tiny_gguf_dir):
+    backend = LlamaCppBackend(tiny_gguf_dir / "target.gguf", n_ctx=512, n_threads=1, n_seq_max=4)
+    yield backend
+    backend.close()
+
+
+def test_tree_second_branch_committed_llamacpp(tree_target):
+    from draftwise.verify import greedy_verify_tree
+
+    ids = tree_target.tokenizer.encode(PROMPT)
+    tree_target.reset()
+    tree_target.prefill(ids[:-1])
+    truth = []
+    for _ in range(4):  # the plain greedy continuation, one token at a time
+        truth.append(int(tree_target.extend([ids[-1]] if not truth else [truth[-1]])[0].argmax()))
+    tree_target.reset()
+    tree_target.prefill(ids[:-1])
+    wrong = [(truth[0] + 1) % 256, truth[1], truth[2]]
+    logits = tree_target.extend_tree(ids[-1], [wrong, truth[:3]])
+    branch, verdict = greedy_verify_tree([wrong, truth[:3]], [x.argmax(-1) for x in logits])
+    assert (branch, verdict.num_accepted, verdict.next_token) == (1, 3, truth[3])
+    tree_target.commit_branch(branch, verdict.num_accepted)
+    assert tree_target.cached_ids == ids + truth[:3]
+    # The cache really holds the committed branch: the next token equals a fresh run's.
+    after = tree_target.extend([truth[3]])[0].argmax()
+    tree_target.reset()
+    fresh = tree_target.extend(ids + truth[:4])[-1].argmax()
+    assert after == fresh
+
+
+@pytest.mark.parametrize("branches", [2, 4])
+def test_tree_greedy_equivalence_llamacpp(tree_target, branches):
+    engine = Engine(tree_target, [NgramDrafter(1, 3)])
+    sampling = SamplingParams(max_tokens=40, ignore_eos=True)
+    plain = engine.generate(PROMPT, sampling=sampling, speculation=SpeculationConfig(enabled=False))
+    tree = engine.generate(PROMPT, sampling=sampling,
+                           speculation=SpeculationConfig(policy="fixed", max_draft_tokens=4, max_branches=branches))
+    assert tree.token_ids == plain.token_ids and tree.stats.num_tree_steps > 0

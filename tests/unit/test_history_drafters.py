@@ -104,3 +104,41 @@ def test_greedy_equivalence_with_history_drafters(tmp_path):
                                       speculation=SpeculationConfig(policy="fixed", max_draft_tokens=k),
                                       drafters=[name])
                 assert got.token_ids == plain
+
+
+def test_tree_commits_the_second_branch_when_only_it_matches():
+    """Two candidate continuations; the target's greedy path follows the second."""
+    from draftwise.types import TreeDraft
+    from draftwise.verify import greedy_verify_tree
+
+    assert greedy_verify_tree([[5, 6], [5, 7]], [[5, 9, 1], [5, 7, 3]]) == (1, __import__("draftwise.types").types.Verdict(2, 3))
+    model = ToyModel(vocab_size=24, order=2, seed=1, sharpness=3.0)
+    backend = ToyBackend(model)
+    prompt = [1, 2, 3]
+    truth, ctx = [], list(prompt)
+    for _ in range(4):
+        truth.append(int(model.logits(ctx).argmax()))
+        ctx.append(truth[-1])
+    wrong = [(truth[0] + 1) % 24, truth[1], truth[2]]
+    backend.prefill(prompt[:-1])
+    logits = backend.extend_tree(prompt[-1], [wrong, truth[:3]])
+    branch, verdict = greedy_verify_tree([wrong, truth[:3]], [x.argmax(-1) for x in logits])
+    assert (branch, verdict.num_accepted, verdict.next_token) == (1, 3, truth[3])
+    backend.commit_branch(branch, verdict.num_accepted)
+    assert backend.cached_ids == prompt + truth[:3]
+    assert len(TreeDraft(((1, 2), (1, 3)))) == 3  # the shared first token counts once
+
+
+@pytest.mark.parametrize("branches", [2, 4])
+def test_tree_greedy_equivalence_toy(branches):
+    model = ToyModel(vocab_size=12, order=2, seed=4, sharpness=2.5)
+    from draftwise.drafters import NgramDrafter
+
+    engine = Engine(ToyBackend(model), [NgramDrafter(1, 2)])
+    prompt = [1, 2, 3, 1, 2, 4, 1, 2, 5, 1, 2]
+    plain = engine.generate(prompt_ids=prompt, sampling=SamplingParams(max_tokens=60),
+                            speculation=SpeculationConfig(enabled=False)).token_ids
+    tree = engine.generate(prompt_ids=prompt, sampling=SamplingParams(max_tokens=60),
+                           speculation=SpeculationConfig(policy="fixed", max_draft_tokens=4, max_branches=branches))
+    assert tree.token_ids == plain
+    assert tree.stats.num_tree_steps > 0

@@ -78,6 +78,7 @@ class LlamaCppBackend:
         n_threads: int | None = None,
         n_batch: int = 512,
         name: str | None = None,
+        n_seq_max: int = 1,
     ) -> None:
         path = Path(model_path)
         if not path.is_file():
@@ -87,15 +88,34 @@ class LlamaCppBackend:
 
         self._c = C
         self.n_threads = n_threads or default_threads()
+        # NOTE: with token trees (n_seq_max > 1) we create our own context with several
+        # sequences over one unified KV cache; the Llama object then only holds the model
+        # and tokenizer, with a minimal context of its own.
+        own_ctx = n_seq_max > 1
         try:
             self._llm = Llama(
-                model_path=str(path), n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
+                model_path=str(path), n_ctx=256 if own_ctx else n_ctx, n_batch=n_batch, n_ubatch=n_batch,
                 n_threads=self.n_threads, n_threads_batch=self.n_threads,
                 logits_all=False, verbose=False,
             )
         except ValueError as exc:  # llama-cpp-python reports load failures as ValueError
             raise BackendError(f"llama.cpp could not load {path}: {exc}") from exc
-        self._ctx = self._llm.ctx
+        self._own_ctx = None
+        if own_ctx:
+            params = C.llama_context_default_params()
+            params.n_ctx, params.n_batch, params.n_ubatch = n_ctx, n_batch, n_batch
+            params.n_seq_max, params.kv_unified, params.no_perf = n_seq_max, True, True
+            params.n_threads = params.n_threads_batch = self.n_threads
+            from llama_cpp._utils import suppress_stdout_stderr
+
+            with suppress_stdout_stderr(disable=False):  # quiet, like Llama(verbose=False)
+                self._own_ctx = C.llama_init_from_model(self._llm.model, params)
+            if not self._own_ctx:
+                raise BackendError(f"llama.cpp could not create a context with {n_seq_max} sequences")
+        self.n_seq_max = n_seq_max
+        self._tree_batch = None
+        self._pending_tree = None
+        self._ctx = self._own_ctx or self._llm.ctx
         self._mem = C.llama_get_memory(self._ctx)
         self._n_ctx = C.llama_n_ctx(self._ctx)
         # NOTE: llama.cpp clamps n_batch to n_ctx; a larger decode aborts the process.
@@ -178,6 +198,77 @@ class LlamaCppBackend:
         if len(ids):
             self._decode(ids, want_logits=False)
 
+    # ---------------------------------------------------------------- token trees
+    def extend_tree(self, last: int, branches: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        """One decode over a token trie: [last] shared by all branches, then each distinct
+        branch prefix once, tagged with the sequence ids of the branches through it.
+        Returns logits [1 + len(b), V] per branch; commit_branch() settles the cache."""
+        num = len(branches)
+        if num > self.n_seq_max:
+            raise BackendError(f"{num} branches need n_seq_max >= {num} (this context has {self.n_seq_max})")
+        base = len(self._ids)
+        nodes: dict[tuple[int, ...], int] = {(): 0}
+        order: list[tuple[int, ...]] = [()]
+        for b in branches:
+            for i in range(len(b)):
+                prefix = tuple(int(t) for t in b[: i + 1])
+                if prefix not in nodes:
+                    nodes[prefix] = len(order)
+                    order.append(prefix)
+        n = len(order)
+        if base + n > self._n_ctx:
+            raise ContextOverflowError(f"{base + n} tokens exceed the context of {self._n_ctx}")
+        if n > self._n_batch:
+            raise BackendError(f"a tree of {n} tokens exceeds the batch size {self._n_batch}")
+        if self._tree_batch is None:
+            self._tree_batch = self._c.llama_batch_init(self._n_batch, 0, self.n_seq_max)
+        batch = self._tree_batch
+        for j, prefix in enumerate(order):
+            members = [s for s, b in enumerate(branches) if tuple(b[: len(prefix)]) == prefix]
+            batch.token[j] = int(last) if not prefix else prefix[-1]
+            batch.pos[j] = base + len(prefix)
+            batch.n_seq_id[j] = len(members)
+            for m, seq in enumerate(members):
+                batch.seq_id[j][m] = seq
+            batch.logits[j] = 1
+        batch.n_tokens = n
+        mem = self._mem
+        for seq in range(1, num):
+            self._c.llama_memory_seq_cp(mem, 0, seq, -1, -1)  # share the prefix: no copy of data
+        rc = self._c.llama_decode(self._ctx, batch)
+        if rc != 0:
+            self._drop_tree(base, num)
+            raise BackendError(f"llama_decode failed with code {rc} on a tree of {n} tokens")
+        logits = np.ctypeslib.as_array(self._c.llama_get_logits(self._ctx), shape=(n, self._n_vocab))
+        out = []
+        for b in branches:
+            rows = [0] + [nodes[tuple(int(t) for t in b[: i + 1])] for i in range(len(b))]
+            out.append(logits[rows].copy())  # [1 + len(b), V]
+        self._pending_tree = (base, int(last), [list(map(int, b)) for b in branches])
+        return out
+
+    def commit_branch(self, branch: int, num_accepted: int) -> None:
+        """Keep [last] + branches[branch][:num_accepted] as sequence 0; drop everything else."""
+        base, last, branches = self._pending_tree
+        self._pending_tree = None
+        keep = base + 1 + num_accepted
+        mem, c = self._mem, self._c
+        ok = c.llama_memory_seq_rm(mem, -1, keep, -1)
+        if branch != 0:
+            ok &= c.llama_memory_seq_rm(mem, 0, base + 1, -1)
+            c.llama_memory_seq_cp(mem, branch, 0, base + 1, keep)
+        for seq in range(1, len(branches)):
+            ok &= c.llama_memory_seq_rm(mem, seq, -1, -1)
+        self._ids = self._ids[:base] + [last] + branches[branch][:num_accepted]
+        if not ok:
+            self.reset()
+            raise BackendError("llama.cpp refused to remove the rejected branches from the cache")
+
+    def _drop_tree(self, base: int, num: int) -> None:
+        self._c.llama_memory_seq_rm(self._mem, 0, base, -1)
+        for seq in range(1, num):
+            self._c.llama_memory_seq_rm(self._mem, seq, -1, -1)
+
     def truncate(self, n_keep: int) -> None:
         if not 0 <= n_keep <= len(self._ids):
             raise BackendError(f"cannot truncate {len(self._ids)} cached positions to {n_keep}")
@@ -195,6 +286,12 @@ class LlamaCppBackend:
         if getattr(self, "_batch", None) is not None:
             self._c.llama_batch_free(self._batch)
             self._batch = None
+        if getattr(self, "_tree_batch", None) is not None:
+            self._c.llama_batch_free(self._tree_batch)
+            self._tree_batch = None
+        if getattr(self, "_own_ctx", None):
+            self._c.llama_free(self._own_ctx)
+            self._own_ctx = None
         if getattr(self, "_llm", None) is not None:
             self._llm.close()
             self._llm = None

@@ -137,6 +137,29 @@ class ToyBackend:
             rows.append(np.asarray(self._logits_fn(self._ids), dtype=np.float64))
         return np.stack(rows) if rows else np.zeros((0, self._vocab_size))
 
+    def extend_tree(self, last: int, branches: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        """Logits [1 + len(b), V] for each branch after [last]; the cache is unchanged
+        until commit_branch picks one (one target pass in a real backend)."""
+        self._append([last])
+        self.num_forwards += 1
+        out = []
+        for branch in branches:
+            self._append([last, *branch])
+            context = [*self._ids, int(last)]
+            rows = [np.asarray(self._logits_fn(context), dtype=np.float64)]
+            for t in branch:
+                context.append(int(t))
+                rows.append(np.asarray(self._logits_fn(context), dtype=np.float64))
+            out.append(np.stack(rows))
+        self._pending_tree = (int(last), [list(b) for b in branches])
+        return out
+
+    def commit_branch(self, branch: int, num_accepted: int) -> None:
+        """Keep [last] + branches[branch][:num_accepted] in the cache."""
+        last, branches = self._pending_tree
+        self._ids.extend([last, *branches[branch][:num_accepted]])
+        self._pending_tree = None
+
     def prefill(self, ids: Sequence[int]) -> None:
         self._append(ids)
         self._ids.extend(int(t) for t in ids)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Sequence
 
-from draftwise.types import Draft, SamplingParams, SpeculationConfig
+from draftwise.types import Draft, SamplingParams, SpeculationConfig, TreeDraft
 
 MAX_CANDIDATES = 64  # occurrences scored per lookup (newest kept when there are more)
 MAX_BACKWARD = 256  # how far a match is extended backwards when scoring
@@ -53,26 +53,44 @@ class NgramDrafter:
                 if i + 1 >= n:  # n-gram ending at i; its continuation starts at i + 1
                     table[tuple(self._tokens[i + 1 - n : i + 1])].append(i + 1)
 
-    def match(self, context: Sequence[int]) -> tuple[int, int]:
-        """Best (start of continuation, backward match length); (-1, 0) when none."""
+    def matches(self, context: Sequence[int]) -> list[tuple[int, int]]:
+        """(start of continuation, backward match length) for the longest n with a match,
+        best first: longest backward match, then earliest."""
         self._sync(context)
         tokens, end = self._tokens, len(self._tokens)
         for n in range(min(self.max_n, end - 1), self.min_n - 1, -1):
             positions = self._index[n].get(tuple(tokens[end - n :]))
             if not positions:
                 continue
-            best_start, best_len = -1, -1
+            found = []
             for start in positions[-MAX_CANDIDATES:]:
                 if start >= end:
                     continue  # the suffix itself
                 length = n
                 while length < MAX_BACKWARD and start - length - 1 >= 0 and tokens[start - length - 1] == tokens[end - length - 1]:
                     length += 1
-                if length > best_len or (length == best_len and start < best_start):
-                    best_start, best_len = start, length
-            if best_start >= 0:
-                return best_start, best_len
-        return -1, 0
+                found.append((start, length))
+            if found:
+                return sorted(found, key=lambda f: (-f[1], f[0]))
+        return []
+
+    def match(self, context: Sequence[int]) -> tuple[int, int]:
+        """Best (start of continuation, backward match length); (-1, 0) when none."""
+        found = self.matches(context)
+        return found[0] if found else (-1, 0)
+
+    def propose_tree(self, context: Sequence[int], max_tokens: int, max_branches: int) -> TreeDraft:
+        """Up to max_branches distinct continuations from the best-scoring occurrences."""
+        branches: list[tuple[int, ...]] = []
+        best_len = 0
+        for start, length in self.matches(context):
+            branch = tuple(self._tokens[start : start + max_tokens])
+            if branch and branch not in branches:
+                branches.append(branch)
+                best_len = max(best_len, length)
+            if len(branches) >= max_branches:
+                break
+        return TreeDraft(tuple(branches), source=self.name, score=float(best_len))
 
     def propose(self, context: Sequence[int], max_tokens: int) -> Draft:
         start, length = self.match(context)
