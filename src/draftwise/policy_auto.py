@@ -49,6 +49,10 @@ class AcceptanceEstimate:
     def rate(self, i: int) -> float:
         if i < len(self.trials):
             return (self.hits[i] + self.prior * self.prior_weight) / (self.trials[i] + self.prior_weight)
+        if self.trials:
+            # NOTE: positions never drafted yet borrow the last observed rate rather than the
+            # prior; otherwise k could never grow past the positions it has already tried.
+            return self.rate(len(self.trials) - 1)
         return self.prior
 
     def update(self, num_drafted: int, num_accepted: int) -> None:
