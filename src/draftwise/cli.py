@@ -119,9 +119,9 @@ def _load_options(backend, n_ctx, threads, dtype, device):
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
 @click.option("--system", default=None, help="System message for --chat.")
 @click.option("--draft", default="ngram", show_default=True,
-              help="Drafters: a draft model (name or path), 'ngram', 'none', or several comma-separated.")
+              help="Drafters: a draft model (name or path), 'ngram', 'suffix', 'none', or several comma-separated.")
 @click.option("--policy", type=click.Choice(["auto", "fixed", "heuristic"]), default="auto", show_default=True)
-@click.option("--k", "k", type=int, default=4, show_default=True, help="Draft tokens per step (fixed), start/max (others).")
+@click.option("--k", "k", type=int, default=4, show_default=True, help="Draft tokens per step (fixed) or the starting k (heuristic); auto chooses k in 0..32 itself.")
 @click.option("--max-tokens", type=int, default=256, show_default=True)
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
 @click.option("--top-p", type=float, default=1.0, show_default=True)
@@ -226,16 +226,18 @@ def demo(prompt, max_tokens, draft_model, target, backend, n_ctx, threads, dtype
 
 @main.command()
 @click.option("--draft", default="ngram", show_default=True,
-              help="Drafters: a draft model (name or path), 'ngram', 'none', or several comma-separated.")
+              help="Drafters: a draft model (name or path), 'ngram', 'suffix', 'none', or several comma-separated.")
 @click.option("--policy", type=click.Choice(["auto", "fixed", "heuristic"]), default="auto", show_default=True)
-@click.option("--k", "k", type=int, default=4, show_default=True, help="Draft tokens per step (fixed), start/max (others).")
+@click.option("--k", "k", type=int, default=4, show_default=True, help="Draft tokens per step (fixed) or the starting k (heuristic); auto chooses k in 0..32 itself.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind (loopback unless told otherwise).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
 @click.option("--api-key", default=None, help="Require 'Authorization: Bearer KEY' on every route but /health.")
 @click.option("--model-name", default=None, help="Name clients use as `model` (default: the target's name).")
+@click.option("--datastore", default=None, help="A retrieval datastore (draftwise index build) to draft from.")
 @model_options
 @friendly_errors
-def serve(draft, policy, k, host, port, api_key, model_name, target, backend, n_ctx, threads, dtype, device) -> None:
+def serve(draft, policy, k, host, port, api_key, model_name, datastore, target, backend, n_ctx, threads, dtype,
+          device) -> None:
     """Serve the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics)."""
     import logging
 
@@ -248,7 +250,8 @@ def serve(draft, policy, k, host, port, api_key, model_name, target, backend, n_
     options = _load_options(backend, n_ctx, threads, dtype, device)
     report = _progress_printer()
     try:
-        engine = load_engine(target, draft, options=options, speculation=speculation, progress=report)
+        engine = load_engine(target, draft, options=options, speculation=speculation, progress=report,
+                             datastore=datastore)
     finally:
         report.bars.stop()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")

@@ -17,6 +17,9 @@ from draftwise.policy import Plan, PlanState
 from draftwise.types import Draft, SpeculationConfig, StepStats
 
 MAX_K = 32
+# Speculate only when the expected rate beats plain decoding by this factor: estimates are
+# noisy and a marginal win is not worth the risk of a loss (nor the numerics drift).
+MIN_GAIN = 1.05
 # Prior conditional acceptance of an n-gram proposal by the length of the matched suffix.
 NGRAM_BUCKETS = (1, 2, 3, 4, 5, 8, 16, 32)
 NGRAM_PRIORS = (0.25, 0.35, 0.45, 0.5, 0.6, 0.7, 0.8, 0.9)
@@ -77,14 +80,14 @@ class AcceptanceEstimate:
 
 
 class _Scale:
-    """Online ratio of observed to predicted time (machine load, context length)."""
+    """Smoothed ratio of observed time to the calibrated (unscaled) prediction."""
 
-    def __init__(self, alpha: float = 0.1) -> None:
-        self.value, self.alpha = 1.0, alpha
+    def __init__(self, alpha: float = 0.1, value: float = 1.0) -> None:
+        self.value, self.alpha = value, alpha
 
-    def update(self, observed: float, predicted: float) -> None:
-        if predicted > 0 and observed > 0:
-            ratio = min(max(observed / predicted, 0.2), 5.0)
+    def update(self, observed: float, calibrated: float) -> None:
+        if calibrated > 0 and observed > 0:
+            ratio = min(max(observed / calibrated, 0.2), 5.0)
             self.value += self.alpha * (ratio - self.value)
 
 
@@ -101,7 +104,8 @@ class AutoPolicy:
         self.calibrate = calibrate
         self._drafters: list[Drafter] = []
         self._estimates: dict[tuple[str, int], AcceptanceEstimate] = {}
-        self._target_scale = _Scale()
+        self._target_scale = _Scale()  # all batch sizes: machine load
+        self._target_scale_n: dict[int, _Scale] = {}  # per batch size: context length effects
         self._draft_scale: dict[str, _Scale] = {}
         self._last: tuple[tuple[str, int], float, float] | None = None  # (estimate key, predicted verify, draft)
         self.last_decision: dict = {}
@@ -127,12 +131,14 @@ class AutoPolicy:
         return est
 
     def _target_ms(self, n: int) -> float:
-        return self.target_cost.ms(n) * self._target_scale.value
+        """Calibrated cost, corrected by observed/predicted ratios (per n once seen)."""
+        scale = self._target_scale_n.get(n)
+        return self.target_cost.ms(n) * (scale.value if scale is not None else self._target_scale.value)
 
     # ---------------------------------------------------------------- planning
     def plan(self, state: PlanState) -> Plan:
         plain_ms = self._target_ms(1)
-        best_rate, best = 1.0 / plain_ms, Plan(None, 0)
+        best_rate, best = MIN_GAIN / plain_ms, Plan(None, 0)
         best_info: tuple = (("none", 0), plain_ms, 0.0)
         k_cap = min(self.max_k, state.max_k)
         for drafter in self._drafters if k_cap > 0 else ():
@@ -167,7 +173,7 @@ class AutoPolicy:
                     if expected[k] / t > best_rate:
                         best_rate = expected[k] / t
                         best = Plan(drafter, k)
-                        best_info = (key, self._target_ms(k + 1), draft_ms)
+                        best_info = (key, self._target_ms(k + 1), draft_ms / scale)  # unscaled
                 if best.drafter is drafter and hasattr(drafter, "min_confidence"):
                     # Stop drafting when the draft's own confidence is below what one more
                     # token must earn: (its draft + verify cost) x the plain rate.
@@ -181,7 +187,14 @@ class AutoPolicy:
         if self._last is None:
             return
         key, predicted_verify, predicted_draft = self._last
-        self._target_scale.update(step.verify_ms, predicted_verify)
+        n = step.num_drafted + 1
+        if step.num_branches == 1:
+            calibrated = self.target_cost.ms(n)
+            self._target_scale.update(step.verify_ms, calibrated)
+            scale_n = self._target_scale_n.get(n)
+            if scale_n is None:
+                scale_n = self._target_scale_n[n] = _Scale(alpha=0.3, value=self._target_scale.value)
+            scale_n.update(step.verify_ms, calibrated)
         if step.num_drafted and key[0] != "none":
             self._estimates[key].update(step.num_drafted, step.num_accepted)
             if predicted_draft > 0 and key[0] in self._draft_scale:

@@ -107,3 +107,21 @@ def test_cost_curve_keeps_non_monotonic_points():
     curve = CostCurve(((1, 30.0), (8, 224.0), (16, 165.0)))
     assert curve.ms(16) == 165.0 < curve.ms(8)
     assert curve.ms(12) == pytest.approx(194.5)
+
+
+def test_observed_costs_rescale_predictions():
+    policy = AutoPolicy(target_cost=CostCurve.linear(10.0, 10.0))
+    policy.begin([], SpeculationConfig())
+    for _ in range(100):
+        policy.plan(PlanState(context=[1], max_k=32))
+        policy.observe(step("none", 0, 0, verify_ms=20.0))  # the machine runs 2x slower
+    assert policy.snapshot()["target_cost_ms"][1] == pytest.approx(20.0, rel=0.02)
+
+
+def test_marginal_gain_is_not_taken():
+    # n-gram proposal with a prior that predicts ~2% more tokens/s than plain: stay plain.
+    policy = AutoPolicy(target_cost=CostCurve(((1, 30.0), (2, 51.0), (3, 80.0), (32, 900.0))))
+    policy.begin([NgramDrafter(1, 2)], SpeculationConfig())
+    est = policy._estimate(("ngram", 1), 0.75)  # E(1) = 1.75 -> 1.75 / 51 = 1.03 x plain
+    assert est.rate(0) == 0.75
+    assert policy.plan(PlanState(context=[3, 1, 2, 9, 1, 2], max_k=1)).k == 0
