@@ -64,3 +64,22 @@ def test_mismatched_draft_refused(tiny, tmp_path):
     result = run("generate", "--prompt", "abc", "--target", tiny, "--draft", str(other), "--threads", "1")
     assert result.exit_code == 2
     assert "does not share the tokenizer" in result.output
+
+
+def test_index_build_and_generate_with_datastore(tiny, tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.py").write_text("def add(a, b):\n    return a + b\n" * 3)
+    (corpus / "b.py").write_text("def sub(a, b):\n    return a - b\n")
+    result = run("index", "build", str(corpus), "--out", str(tmp_path / "ds"), "--target", tiny, "--glob", "*.py")
+    assert result.exit_code == 0, result.output
+    assert "2 documents" in result.output
+    result = run("generate", "--prompt", "def add(a, b):\n", "--target", tiny, "--threads", "1", "--draft", "none",
+                 "--datastore", str(tmp_path / "ds"), "--policy", "fixed", "--max-tokens", "10", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output.strip().splitlines()[-1])["drafter_choices"]
+
+
+def test_missing_datastore_is_a_clear_error(tiny, tmp_path):
+    result = run("generate", "--prompt", "x", "--target", tiny, "--datastore", str(tmp_path / "nope"))
+    assert result.exit_code == 2 and "no datastore" in result.output
