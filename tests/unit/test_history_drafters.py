@@ -142,3 +142,15 @@ def test_tree_greedy_equivalence_toy(branches):
                            speculation=SpeculationConfig(policy="fixed", max_draft_tokens=4, max_branches=branches))
     assert tree.token_ids == plain
     assert tree.stats.num_tree_steps > 0
+
+
+def test_suffix_snapshot_restore_forgets_later_requests():
+    d = SuffixDrafter(min_n=2)
+    d.propose([1, 2, 3, 4], 1)
+    state = d.snapshot()
+    d.propose([7, 5, 6, 9], 1)
+    d.propose([0], 1)
+    assert d.propose([0, 5, 6], 1).token_ids == (9,)
+    d.restore(state)
+    assert d.propose([0, 5, 6], 1).token_ids == ()  # the later request is gone
+    assert d.propose([0, 5, 6, 2, 3], 1).token_ids == (4,)  # the earlier one stays

@@ -79,7 +79,7 @@ def aggregate(records: Sequence[dict]) -> dict:
         "tokens_per_second": sum(r["decode_tokens_per_second"] for r in ok) / len(ok) if ok else None,
         "speedup": geomean(r.get("speedup") for r in ok),
         "acceptance_rate": sum(r["num_accepted"] for r in ok) / drafted if drafted else None,
-        "tokens_per_step": sum(r["num_generated"] for r in ok) / steps if steps else None,
+        "tokens_per_step": sum(r["num_generated"] + r.get("num_eos", 0) for r in ok) / steps if steps else None,
         "identical": sum(same) / len(same) if same else None,
         "memory_overhead_mb": max(overhead) if overhead else None,
     }

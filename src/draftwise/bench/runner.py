@@ -219,9 +219,12 @@ class BenchRunner:
                     if not todo:
                         continue
                     padded = self._pad(prompt, ctx)
+                    # NOTE: history drafters (suffix) would otherwise learn this prompt's answer from
+                    # the warm-up and from the methods before them; each method starts from here.
+                    history = self._history_snapshot()
                     cold = self._warmup(padded)
                     for temperature in todo:
-                        records = self._run_unit(padded, prompt, ctx, temperature, cold)
+                        records = self._run_unit(padded, prompt, ctx, temperature, cold, history)
                         self.results["records"].extend(_norm(records))
                         save_results(self.path, self.results)
             self.results["complete"] = True
@@ -285,14 +288,23 @@ class BenchRunner:
             self.memory["draft_runtime_overhead_mb"] = round(max(0.0, current_rss_mb() - rss_before), 1)
         return out
 
+    def _history_snapshot(self) -> dict:
+        return {name: d.snapshot() for name, d in self.drafter_objects.items() if hasattr(d, "snapshot")}
+
+    def _history_restore(self, history: dict) -> None:
+        for name, state in history.items():
+            self.drafter_objects[name].restore(state)
+
     def _run_unit(self, prompt: Prompt, original: Prompt, ctx: int | None, temperature: float,
-                  cold: dict[str, dict]) -> list[dict]:
+                  cold: dict[str, dict], history_state: dict | None = None) -> list[dict]:
         cfg = self.config
         sampling = SamplingParams(temperature=temperature, top_k=cfg.top_k, top_p=cfg.top_p, min_p=cfg.min_p,
                                   seed=cfg.seed, max_tokens=cfg.max_tokens, ignore_eos=cfg.ignore_eos)
         runs: dict[tuple[int, int], list[dict]] = {}
         for _ in range(cfg.repeats):
             for vi, variant in enumerate(self.variants):
+                if history_state:
+                    self._history_restore(history_state)
                 history: list[dict] = []
                 for turn, text in enumerate(prompt.turns):
                     if self.progress:

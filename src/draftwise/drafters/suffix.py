@@ -75,6 +75,15 @@ class SuffixDrafter:
         for t in context[n:]:
             self._append(int(t))
 
+    def snapshot(self) -> tuple:
+        """The history state, for restore(): benchmarks start every method from the same one."""
+        return (list(self._docs), list(self._tokens), {k: list(v) for k, v in self._index.items()}, self._live_start)
+
+    def restore(self, state: tuple) -> None:
+        docs, tokens, index, live_start = state
+        self._docs, self._tokens, self._live_start = deque(docs), list(tokens), live_start
+        self._index = defaultdict(list, {k: list(v) for k, v in index.items()})
+
     @property
     def num_history_tokens(self) -> int:
         return sum(len(d) for d in self._docs)
