@@ -8,6 +8,7 @@ calibrated cost curves, rescaled online by how long steps really took.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -20,6 +21,10 @@ MAX_K = 32
 # Speculate only when the expected rate beats plain decoding by this factor: estimates are
 # noisy and a marginal win is not worth the risk of a loss (nor the numerics drift).
 MIN_GAIN = 1.05
+# A free drafter whose lookup costs more than this share of a plain step, and whose proposal
+# was not taken, is consulted less often: every 2nd, 4th, ... up to MAX_BACKOFF-th step.
+LOOKUP_SHARE = 0.01
+MAX_BACKOFF = 8
 # Prior conditional acceptance of an n-gram proposal by the length of the matched suffix.
 NGRAM_BUCKETS = (1, 2, 3, 4, 5, 8, 16, 32)
 NGRAM_PRIORS = (0.25, 0.35, 0.45, 0.5, 0.6, 0.7, 0.8, 0.9)
@@ -108,6 +113,9 @@ class AutoPolicy:
         self._target_scale_n: dict[int, _Scale] = {}  # per batch size: context length effects
         self._draft_scale: dict[str, _Scale] = {}
         self._last: tuple[tuple[str, int], float, float] | None = None  # (estimate key, predicted verify, draft)
+        self._lookup_ms: dict[str, float] = {}  # smoothed propose() time of free drafters
+        self._backoff: dict[str, int] = {}  # current back-off interval in steps
+        self._skip: dict[str, int] = {}  # steps left before the next consultation
         self.last_decision: dict = {}
 
     # ---------------------------------------------------------------- set-up
@@ -141,10 +149,19 @@ class AutoPolicy:
         best_rate, best = MIN_GAIN / plain_ms, Plan(None, 0)
         best_info: tuple = (("none", 0), plain_ms, 0.0)
         k_cap = min(self.max_k, state.max_k)
+        consulted: list[Drafter] = []
         for drafter in self._drafters if k_cap > 0 else ():
             if drafter.free:
+                if self._skip.get(drafter.name, 0) > 0:
+                    self._skip[drafter.name] -= 1
+                    continue
                 # Free drafters propose first: the proposal's length and match bound k.
+                t0 = time.perf_counter()
                 draft = drafter.propose(state.context, k_cap)
+                elapsed = 1000 * (time.perf_counter() - t0)
+                previous = self._lookup_ms.get(drafter.name, elapsed)
+                self._lookup_ms[drafter.name] = previous + 0.2 * (elapsed - previous)
+                consulted.append(drafter)
                 if not len(draft):
                     continue
                 bucket = ngram_bucket(draft.score)
@@ -179,6 +196,13 @@ class AutoPolicy:
                     # token must earn: (its draft + verify cost) x the plain rate.
                     marginal_ms = step_ms + self._target_ms(best.k + 1) - self._target_ms(best.k)
                     drafter.min_confidence = min(0.95, max(0.0, marginal_ms / plain_ms) * 0.5)
+        for drafter in consulted:
+            name = drafter.name
+            if best.drafter is drafter or self._lookup_ms[name] <= LOOKUP_SHARE * plain_ms:
+                self._backoff[name] = 0
+            else:
+                self._backoff[name] = min(MAX_BACKOFF, max(1, 2 * self._backoff.get(name, 0)))
+                self._skip[name] = self._backoff[name] - 1
         self._last = best_info
         self.last_decision = {"drafter": best_info[0][0], "k": best.k, "expected_tokens_per_s": 1000 * best_rate}
         return best
@@ -208,6 +232,7 @@ class AutoPolicy:
             "target_time_scale": round(self._target_scale.value, 3),
             "acceptance": {f"{name}/{bucket}": est.summary() for (name, bucket), est in sorted(self._estimates.items())},
             "draft_time_scale": {name: round(s.value, 3) for name, s in self._draft_scale.items()},
+            "lookup_ms": {name: round(ms, 3) for name, ms in self._lookup_ms.items()},
         }
 
 

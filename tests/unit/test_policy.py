@@ -125,3 +125,30 @@ def test_marginal_gain_is_not_taken():
     est = policy._estimate(("ngram", 1), 0.75)  # E(1) = 1.75 -> 1.75 / 51 = 1.03 x plain
     assert est.rate(0) == 0.75
     assert policy.plan(PlanState(context=[3, 1, 2, 9, 1, 2], max_k=1)).k == 0
+
+
+def test_costly_lookups_back_off_when_not_taken():
+    class SlowNoMatch:
+        name, free = "slow", True
+        calls = 0
+
+        def begin(self, *a):
+            pass
+
+        def propose(self, context, k):
+            import time as _t
+
+            SlowNoMatch.calls += 1
+            _t.sleep(0.002)  # 2 ms: far above 1% of a 10 ms plain step
+            from draftwise.types import Draft
+
+            return Draft(())
+
+        def accept(self, n):
+            pass
+
+    policy = AutoPolicy(target_cost=CostCurve.linear(10.0, 10.0))
+    policy.begin([SlowNoMatch(), NgramDrafter(2, 2)], SpeculationConfig())
+    for _ in range(40):
+        policy.plan(PlanState(context=[1, 2, 3], max_k=8))
+    assert SlowNoMatch.calls <= 12  # backed off to every 8th step
