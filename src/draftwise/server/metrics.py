@@ -51,7 +51,7 @@ class ServerMetrics:
                                ["k"], registry=r)
         self.acceptance_rate = Gauge("draftwise_acceptance_rate", "accepted / drafted over the server's life.",
                                      registry=r)
-        self.tokens_per_step = Gauge("draftwise_tokens_per_step", "generated tokens / steps over the server's life.",
+        self.tokens_per_step = Gauge("draftwise_tokens_per_step", "committed tokens (EOS included) / steps over the server's life.",
                                      registry=r)
         self.tokens_per_second = Gauge("draftwise_tokens_per_second",
                                        "generated tokens / decode seconds over the server's life (prefill excluded).",
@@ -108,6 +108,7 @@ class ServerMetrics:
             t["drafted"] += stats.num_drafted
             t["accepted"] += stats.num_accepted
             t["steps"] += stats.num_steps
+            t["committed"] = t.get("committed", 0) + stats.num_generated + stats.num_eos  # EOS is a step's token too
             t["decode_s"] += stats.decode_ms / 1000
             for i, (drafted, accepted) in enumerate(zip(stats.position_drafted, stats.position_accepted)):
                 if i == len(self._position_drafted):
@@ -116,7 +117,7 @@ class ServerMetrics:
                 self._position_drafted[i] += drafted
                 self._position_accepted[i] += accepted
             self.acceptance_rate.set(t["accepted"] / t["drafted"] if t["drafted"] else 0.0)
-            self.tokens_per_step.set(t["generated"] / t["steps"] if t["steps"] else 0.0)
+            self.tokens_per_step.set(t["committed"] / t["steps"] if t["steps"] else 0.0)
             self.tokens_per_second.set(t["generated"] / t["decode_s"] if t["decode_s"] > 0 else 0.0)
             for i, (drafted, accepted) in enumerate(zip(self._position_drafted, self._position_accepted)):
                 self.accepted_per_position.labels(str(i)).set(accepted / drafted if drafted else 0.0)
