@@ -208,7 +208,7 @@ def demo(prompt, max_tokens, draft_model, target, backend, n_ctx, threads, dtype
     console = _stderr_console()
     table = Table(title=f"{target}, greedy, {max_tokens} tokens")
     for col in ("method", "tok/s", "speedup", "acceptance", "tokens/step", "same text"):
-        table.add_column(col, justify="right")
+        table.add_column(col, justify="right", no_wrap=True)
     base_tps, base_ids = None, None
     engine.generate(messages=messages, sampling=SamplingParams(max_tokens=8))  # warm-up
     for label, drafter_list, spec in runs:
