@@ -154,3 +154,12 @@ def test_suffix_snapshot_restore_forgets_later_requests():
     d.restore(state)
     assert d.propose([0, 5, 6], 1).token_ids == ()  # the later request is gone
     assert d.propose([0, 5, 6, 2, 3], 1).token_ids == (4,)  # the earlier one stays
+
+
+def test_trees_fall_back_to_chains_when_sampling():
+    from draftwise.drafters import NgramDrafter
+
+    engine = Engine(ToyBackend(ToyModel(vocab_size=12, order=2, seed=4)), [NgramDrafter(1, 2)])
+    result = engine.generate(prompt_ids=[1, 2, 3, 1, 2, 4, 1, 2], sampling=SamplingParams(temperature=1.0, seed=3, max_tokens=40),
+                             speculation=SpeculationConfig(policy="fixed", max_draft_tokens=4, max_branches=3))
+    assert result.stats.num_tree_steps == 0 and result.stats.num_drafted > 0
