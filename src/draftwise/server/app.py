@@ -238,7 +238,6 @@ def _single_prompt(prompt, vocab_size: int) -> tuple[str | None, list[int] | Non
 def _usage(done: Finished) -> p.Usage:
     s = done.result.stats
     speculative = s.to_dict()
-    speculative.setdefault("num_draft_reused_tokens", done.num_draft_reused_tokens)  # until the engine counts it
     return p.Usage(
         prompt_tokens=s.num_prompt_tokens, completion_tokens=s.num_generated,
         total_tokens=s.num_prompt_tokens + s.num_generated,

@@ -77,12 +77,12 @@ class ServerMetrics:
     def observe_error(self, status: int, error_type: str) -> None:
         self.errors.labels(str(status), error_type).inc()
 
-    def observe_request(self, endpoint: str, stats: RequestStats, num_draft_reused: int, *, queue_s: float,
+    def observe_request(self, endpoint: str, stats: RequestStats, *, queue_s: float,
                         total_s: float, first_token_s: float | None) -> None:
         self.requests.labels(endpoint, stats.finish_reason or "unknown").inc()
         self.prompt_tokens.inc(stats.num_prompt_tokens)
         self.reused_tokens.labels("target").inc(stats.num_reused_tokens)
-        self.reused_tokens.labels("draft").inc(num_draft_reused)
+        self.reused_tokens.labels("draft").inc(stats.num_draft_reused_tokens)
         self.generated_tokens.inc(stats.num_generated)
         self.drafted_tokens.inc(stats.num_drafted)
         self.accepted_tokens.inc(stats.num_accepted)

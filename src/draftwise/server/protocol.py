@@ -125,7 +125,7 @@ class SpeculativeUsage(BaseModel):
     num_prompt_tokens: int
     num_reused_tokens: int = Field(description="Prompt tokens whose target KV entries came from the last request.")
     num_draft_reused_tokens: int = Field(
-        0, description="Prompt tokens the draft model already held in its KV cache when the request started.")
+        0, description="Prompt tokens the draft model's KV cache already held when it first drafted (0 if it never did).")
     num_generated: int
     num_drafted: int
     num_accepted: int

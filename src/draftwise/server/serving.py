@@ -17,7 +17,6 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from draftwise.backends.base import common_prefix_length
 from draftwise.engine import Engine, Generation, Result
 from draftwise.server.metrics import ServerMetrics
 from draftwise.types import SamplingParams, SpeculationConfig
@@ -33,7 +32,6 @@ class Piece:
 @dataclass(frozen=True)
 class Finished:
     result: Result
-    num_draft_reused_tokens: int
 
 
 @dataclass(frozen=True)
@@ -163,7 +161,6 @@ class Serving:
             return
         job.started_at = time.monotonic()
         self.running = job
-        num_draft_reused = self._draft_reuse(job.prompt_ids)
         gen = job.generation
         assert gen is not None
         try:
@@ -186,21 +183,7 @@ class Serving:
                         job.id, stats.num_generated, job.cancel_reason or "cancelled")
         now = time.monotonic()
         self.metrics.observe_request(
-            job.endpoint, stats, num_draft_reused, queue_s=job.started_at - job.enqueued_at,
+            job.endpoint, stats, queue_s=job.started_at - job.enqueued_at,
             total_s=now - job.enqueued_at,
             first_token_s=None if job.first_piece_at is None else job.first_piece_at - job.enqueued_at)
-        job.push(Finished(result, num_draft_reused))
-
-    def _draft_reuse(self, prompt_ids: list[int]) -> int:
-        """Prompt tokens the draft model already holds in its KV cache.
-
-        NOTE: the engine's stats count the target's reuse only. A model drafter keeps the
-        prefix its cache shares with the context when it first proposes, so this is what it
-        reuses if it drafts at all; the engine does not report it yet.
-        """
-        reused = 0
-        for drafter in self.engine.drafters:
-            backend = getattr(drafter, "backend", None)
-            if backend is not None:
-                reused = max(reused, common_prefix_length(backend.cached_ids, prompt_ids))
-        return reused
+        job.push(Finished(result))
