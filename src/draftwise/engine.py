@@ -329,10 +329,7 @@ def _fit(draft: Draft | TreeDraft, max_k: int, max_branches: int) -> Draft | Tre
         if len(branches) > 1:
             return TreeDraft(branches, draft.source, draft.score)
         return Draft(branches[0] if branches else (), None, draft.source, draft.score)
-    if len(draft) > max_k:
-        probs = None if draft.draft_probs is None else draft.draft_probs[:max_k]
-        return Draft(draft.token_ids[:max_k], probs, draft.source, draft.score)
-    return draft
+    return draft.truncated(max_k)
 
 
 def _find_stop(text: str, stops: Sequence[str], start: int) -> int | None:

@@ -15,7 +15,7 @@ from typing import Sequence
 from draftwise.calibrate import CostCurve, load_or_measure
 from draftwise.drafters.base import Drafter
 from draftwise.policy import Plan, PlanState
-from draftwise.types import Draft, SpeculationConfig, StepStats
+from draftwise.types import SpeculationConfig, StepStats
 
 MAX_K = 32
 # Speculate only when the expected rate beats plain decoding by this factor: estimates are
@@ -112,7 +112,7 @@ class AutoPolicy:
         self._target_scale = _Scale()  # all batch sizes: machine load
         self._target_scale_n: dict[int, _Scale] = {}  # per batch size: context length effects
         self._draft_scale: dict[str, _Scale] = {}
-        self._last: tuple[tuple[str, int], float, float] | None = None  # (estimate key, predicted verify, draft)
+        self._last: tuple[tuple[str, int], float] | None = None  # (estimate key, calibrated draft ms)
         self._lookup_ms: dict[str, float] = {}  # smoothed propose() time of free drafters
         self._backoff: dict[str, int] = {}  # current back-off interval in steps
         self._skip: dict[str, int] = {}  # steps left before the next consultation
@@ -147,7 +147,7 @@ class AutoPolicy:
     def plan(self, state: PlanState) -> Plan:
         plain_ms = self._target_ms(1)
         best_rate, best = MIN_GAIN / plain_ms, Plan(None, 0)
-        best_info: tuple = (("none", 0), plain_ms, 0.0)
+        best_info: tuple = (("none", 0), 0.0)
         k_cap = min(self.max_k, state.max_k)
         consulted: list[Drafter] = []
         for drafter in self._drafters if k_cap > 0 else ():
@@ -172,8 +172,8 @@ class AutoPolicy:
                     t = self._target_ms(k + 1)
                     if expected[k] / t > best_rate:
                         best_rate = expected[k] / t
-                        best = Plan(drafter, k, _trim(draft, k))
-                        best_info = (key, t, 0.0)
+                        best = Plan(drafter, k, draft.truncated(k))
+                        best_info = (key, 0.0)
             else:
                 key = (drafter.name, 0)
                 est = self._estimate(key, DRAFT_MODEL_PRIOR)
@@ -190,7 +190,7 @@ class AutoPolicy:
                     if expected[k] / t > best_rate:
                         best_rate = expected[k] / t
                         best = Plan(drafter, k)
-                        best_info = (key, self._target_ms(k + 1), draft_ms / scale)  # unscaled
+                        best_info = (key, draft_ms / scale)  # unscaled
                 if best.drafter is drafter and hasattr(drafter, "min_confidence"):
                     # Stop drafting when the draft's own confidence is below what one more
                     # token must earn: (its draft + verify cost) x the plain rate.
@@ -210,7 +210,7 @@ class AutoPolicy:
     def observe(self, step: StepStats) -> None:
         if self._last is None:
             return
-        key, predicted_verify, predicted_draft = self._last
+        key, predicted_draft = self._last
         n = step.num_drafted + 1
         if step.num_branches == 1:
             calibrated = self.target_cost.ms(n)
@@ -235,9 +235,3 @@ class AutoPolicy:
             "lookup_ms": {name: round(ms, 3) for name, ms in self._lookup_ms.items()},
         }
 
-
-def _trim(draft: Draft, k: int) -> Draft:
-    if len(draft) <= k:
-        return draft
-    probs = None if draft.draft_probs is None else draft.draft_probs[:k]
-    return Draft(draft.token_ids[:k], probs, draft.source, draft.score)

@@ -107,6 +107,13 @@ class Draft:
     def __len__(self) -> int:
         return len(self.token_ids)
 
+    def truncated(self, k: int) -> "Draft":
+        """The first k proposed tokens (and their distributions); self if already that short."""
+        if len(self.token_ids) <= k:
+            return self
+        probs = None if self.draft_probs is None else self.draft_probs[:k]
+        return Draft(self.token_ids[:k], probs, self.source, self.score)
+
 
 @dataclass(frozen=True)
 class TreeDraft:

@@ -7,7 +7,6 @@ entries with llama_memory_seq_rm and raises when the removal is refused.
 
 from __future__ import annotations
 
-import ctypes
 import os
 from pathlib import Path
 from typing import Sequence
