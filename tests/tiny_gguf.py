@@ -10,18 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-
-def _bytes_to_unicode() -> list[str]:
-    """GPT-2's reversible byte -> printable character map (token text of each byte)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return [chars[b] for b in range(256)]
+from tiny_qwen2 import byte_chars
 
 
 def write_tiny_gguf(path: Path, *, seed: int = 0, n_embd: int = 64, n_layers: int = 2, n_ff: int = 128,
@@ -29,7 +18,7 @@ def write_tiny_gguf(path: Path, *, seed: int = 0, n_embd: int = 64, n_layers: in
     import gguf
 
     rng = np.random.default_rng(seed)
-    tokens = _bytes_to_unicode() + ["<s>", "</s>"]
+    tokens = byte_chars() + ["<s>", "</s>"]
     vocab = len(tokens)
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_context_length(512)

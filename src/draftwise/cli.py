@@ -6,6 +6,7 @@ non-zero exit status, never a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import sys
@@ -46,7 +47,9 @@ def friendly_errors(fn):
     return wrapper
 
 
-def _progress_printer():
+@contextlib.contextmanager
+def download_progress():
+    """A progress callback for models.pull (one bar per model), stopped on leaving the block."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
     bars = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
@@ -62,8 +65,10 @@ def _progress_printer():
         if done >= total:
             bars.refresh()
 
-    report.bars = bars
-    return report
+    try:
+        yield report
+    finally:
+        bars.stop()
 
 
 def _stderr_console():
@@ -83,13 +88,10 @@ def main() -> None:
 @friendly_errors
 def pull(names: tuple[str, ...]) -> None:
     """Fetch models (default: the target and draft pair) into the cache."""
-    report = _progress_printer()
-    try:
+    with download_progress() as report:
         for name in names or (models.DEFAULT_TARGET, models.DEFAULT_DRAFT):
             path = models.pull(name, report)
             click.echo(f"{name}: {path}", err=True)
-    finally:
-        report.bars.stop()
 
 
 def model_options(fn):
@@ -147,12 +149,9 @@ def generate(prompt, chat, system, draft, policy, k, max_tokens, temperature, to
     speculation = SpeculationConfig(policy=policy, max_draft_tokens=k, draft_temperature=draft_temperature,
                                     max_branches=branches)
     options = replace(_load_options(backend, n_ctx, threads, dtype, device), n_seq_max=branches)
-    report = _progress_printer()
-    try:
+    with download_progress() as report:
         engine = load_engine(target, draft, options=options, speculation=speculation, progress=report,
                              datastore=datastore)
-    finally:
-        report.bars.stop()
     messages = None
     if chat:
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
@@ -192,11 +191,8 @@ def demo(prompt, max_tokens, draft_model, target, backend, n_ctx, threads, dtype
     from draftwise.loading import load_engine
 
     options = _load_options(backend, n_ctx, threads, dtype, device)
-    report = _progress_printer()
-    try:
+    with download_progress() as report:
         engine = load_engine(target, f"ngram,{draft_model}", options=options, progress=report)
-    finally:
-        report.bars.stop()
     messages = [{"role": "user", "content": prompt}]
     sampling = SamplingParams(max_tokens=max_tokens)
     runs = [
@@ -248,12 +244,9 @@ def serve(draft, policy, k, host, port, api_key, model_name, datastore, target, 
 
     speculation = SpeculationConfig(policy=policy, max_draft_tokens=k)
     options = _load_options(backend, n_ctx, threads, dtype, device)
-    report = _progress_printer()
-    try:
+    with download_progress() as report:
         engine = load_engine(target, draft, options=options, speculation=speculation, progress=report,
                              datastore=datastore)
-    finally:
-        report.bars.stop()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")
     if api_key is None and host not in ("127.0.0.1", "localhost", "::1"):
         click.echo(f"warning: serving on {host} without --api-key; anyone who can reach it can use it", err=True)
@@ -363,12 +356,9 @@ def bench(suite, prompts_file, categories, methods, max_tokens, temperature, dra
     if not any(not m.enabled for m in specs):
         click.echo("note: no baseline among the methods, so speedup and identical are not computed", err=True)
     options = _load_options(backend, n_ctx, threads, dtype, device)
-    report = _progress_printer()
-    try:
+    with download_progress() as report:
         loaded = load_bench_engine(target, draft_model, need_draft=need_draft, options=options, progress=report,
                                    datastore=datastore)
-    finally:
-        report.bars.stop()
     meta = {"target": target, "draft_model": draft_model if need_draft else None, "prompts": source,
             "num_prompts": len(chosen), "backend": backend, "n_ctx": n_ctx, "threads": threads,
             "memory": loaded.memory}
