@@ -139,7 +139,7 @@ class Engine:
             if draft_backend is not None:
                 check_tokenizers(target, draft_backend)
         self.speculation = speculation or SpeculationConfig()
-        self._policies: dict[str, Policy] = {}
+        self._policies: dict[tuple[str, tuple[str, ...]], Policy] = {}
         self._policy_override = policy
         self._lock = threading.Lock()
 
@@ -147,14 +147,17 @@ class Engine:
     def tokenizer(self):
         return self.target.tokenizer
 
-    def policy(self, name: str) -> Policy:
-        """Policies persist across requests, so learned estimates carry over."""
+    def policy(self, name: str, drafters: Sequence[str] = ()) -> Policy:
+        """The policy for one policy name and drafter set; it persists across requests, so learned
+        estimates carry over. Requests naming another subset of drafters get their own state, so
+        (e.g. in the bench) what one configuration learned never flatters another's figures."""
         if self._policy_override is not None:
             return self._policy_override
-        if name not in self._policies:
+        key = (name, tuple(sorted(drafters)))
+        if key not in self._policies:
             kwargs = {"target": self.target} if name == "auto" else {}
-            self._policies[name] = make_policy(name, **kwargs)
-        return self._policies[name]
+            self._policies[key] = make_policy(name, **kwargs)
+        return self._policies[key]
 
     def encode_prompt(self, prompt: str | None = None, messages: Sequence[dict] | None = None) -> list[int]:
         if (prompt is None) == (messages is None):
@@ -209,7 +212,7 @@ class Engine:
             stats = RequestStats(num_prompt_tokens=len(prompt_ids))
             target = self.target
             drafters = drafters if speculation.enabled else []
-            policy = self.policy(speculation.policy)
+            policy = self.policy(speculation.policy, [d.name for d in drafters])
             policy.begin(drafters, speculation)
             for drafter in drafters:
                 drafter.begin(sampling, speculation)
