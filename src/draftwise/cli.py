@@ -294,6 +294,8 @@ def _csv(kind, allow_same: bool = False):
               help="Draft model temperature(s), comma-separated; 'same' = the target's.")
 @click.option("--k", "ks", callback=_csv(int), default="4", show_default=True,
               help="Draft length(s) k, comma-separated: one record set each.")
+@click.option("--branches", callback=_csv(int), default="1", show_default=True,
+              help="Token-tree widths for fixed-policy n-gram methods (greedy): 1 = a chain; e.g. 1,3.")
 @click.option("--repeats", type=int, default=1, show_default=True, help="Run each prompt N times; keep the median.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--top-p", type=float, default=1.0, show_default=True)
@@ -310,7 +312,7 @@ def _csv(kind, allow_same: bool = False):
 @click.option("--datastore", default=None, help="A retrieval datastore (draftwise index build): drafter 'datastore'.")
 @model_options
 @friendly_errors
-def bench(suite, prompts_file, categories, methods, max_tokens, temperature, draft_temperature, ks, repeats, seed,
+def bench(suite, prompts_file, categories, methods, max_tokens, temperature, draft_temperature, ks, branches, repeats, seed,
           top_p, top_k, min_p, ignore_eos, context_sweep, context_lengths, draft_model, out_dir, resume, report_only,
           datastore, target, backend, n_ctx, threads, dtype, device) -> None:
     """Benchmark methods per task category; writes results.json, report.md and PNG plots to --out."""
@@ -345,7 +347,7 @@ def bench(suite, prompts_file, categories, methods, max_tokens, temperature, dra
     specs = parse_methods(methods, free + (["draft"] if draft_model else []))
     need_draft = any("draft" in m.drafters for m in specs)
     config = BenchConfig(methods=tuple(m.name for m in specs), max_tokens=max_tokens, temperatures=temperature,
-                         ks=ks, draft_temperatures=draft_temperature, repeats=repeats,
+                         ks=ks, branches=branches, draft_temperatures=draft_temperature, repeats=repeats,
                          context_lengths=context_lengths if context_sweep else (), seed=seed, top_k=top_k,
                          top_p=top_p, min_p=min_p, ignore_eos=ignore_eos)
     # Room for the longest prompt (padded or shipped) plus two turns of output.
@@ -355,7 +357,7 @@ def bench(suite, prompts_file, categories, methods, max_tokens, temperature, dra
         n_ctx = needed
     if not any(not m.enabled for m in specs):
         click.echo("note: no baseline among the methods, so speedup and identical are not computed", err=True)
-    options = _load_options(backend, n_ctx, threads, dtype, device)
+    options = replace(_load_options(backend, n_ctx, threads, dtype, device), n_seq_max=max(config.branches))
     with download_progress() as report:
         loaded = load_bench_engine(target, draft_model, need_draft=need_draft, options=options, progress=report,
                                    datastore=datastore)

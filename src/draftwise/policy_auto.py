@@ -4,6 +4,12 @@ For each candidate (drafter, k), including k = 0 (plain decoding), expected comm
 tokens E(k) = 1 + sum_j prod_{i<=j} c_i from per-position conditional acceptance
 estimates c_i, divided by expected time = draft cost(k) + target cost(k + 1) from
 calibrated cost curves, rescaled online by how long steps really took.
+
+Free drafters (lookups) are scored on every step, taken or not: each proposal is compared
+with the tokens the target commits next (shadow scoring), so a drafter's estimate follows
+the text even while the policy decodes plainly, and covers positions beyond the k it
+drafted. For a deterministic proposal this is exact under sampling too: the target accepts
+token x with probability p(x), the chance that the committed token is x.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from draftwise.backends.base import common_prefix_length
 from draftwise.calibrate import CostCurve, load_or_measure
 from draftwise.drafters.base import Drafter
 from draftwise.policy import Plan, PlanState
@@ -29,6 +36,8 @@ MAX_BACKOFF = 8
 NGRAM_BUCKETS = (1, 2, 3, 4, 5, 8, 16, 32)
 NGRAM_PRIORS = (0.25, 0.35, 0.45, 0.5, 0.6, 0.7, 0.8, 0.9)
 DRAFT_MODEL_PRIOR = 0.7
+# Proposals awaiting the committed tokens that score them (shadow scoring), at most.
+MAX_SHADOWS = 64
 
 
 def ngram_bucket(match_length: float) -> int:
@@ -84,6 +93,15 @@ class AcceptanceEstimate:
         return [round(self.rate(i), 3) for i in range(n)]
 
 
+@dataclass(frozen=True)
+class _Shadow:
+    """A free drafter's proposal made when the context had `start` tokens."""
+
+    key: tuple[str, int]
+    start: int
+    token_ids: tuple[int, ...]
+
+
 class _Scale:
     """Smoothed ratio of observed time to the calibrated (unscaled) prediction."""
 
@@ -116,11 +134,15 @@ class AutoPolicy:
         self._lookup_ms: dict[str, float] = {}  # smoothed propose() time of free drafters
         self._backoff: dict[str, int] = {}  # current back-off interval in steps
         self._skip: dict[str, int] = {}  # steps left before the next consultation
+        self._shadows: list[_Shadow] = []  # proposals not yet scored against committed tokens
+        self._free: set[str] = set()  # names of free drafters (scored by shadow, not by observe)
         self.last_decision: dict = {}
 
     # ---------------------------------------------------------------- set-up
     def begin(self, drafters: Sequence[Drafter], speculation: SpeculationConfig) -> None:
         self._drafters = list(drafters) if speculation.enabled else []
+        self._shadows.clear()  # a new request: earlier proposals refer to another context
+        self._free.update(d.name for d in self._drafters if d.free)
         if self.target_cost is None:
             if self.target is None or not self.calibrate:
                 raise ValueError("the auto policy needs a target cost curve or a target backend to calibrate")
@@ -144,7 +166,23 @@ class AutoPolicy:
         return self.target_cost.ms(n) * (scale.value if scale is not None else self._target_scale.value)
 
     # ---------------------------------------------------------------- planning
+    def _score_shadows(self, context: Sequence[int]) -> None:
+        """Settle proposals whose outcome the committed tokens now decide: the first
+        mismatch, or every token matched."""
+        pending = []
+        for shadow in self._shadows:
+            known = context[shadow.start : shadow.start + len(shadow.token_ids)]
+            matched = common_prefix_length(known, shadow.token_ids)
+            if matched < len(known):
+                self._estimates[shadow.key].update(matched + 1, matched)
+            elif matched == len(shadow.token_ids):
+                self._estimates[shadow.key].update(matched, matched)
+            else:
+                pending.append(shadow)
+        self._shadows = pending[-MAX_SHADOWS:]
+
     def plan(self, state: PlanState) -> Plan:
+        self._score_shadows(state.context)
         plain_ms = self._target_ms(1)
         best_rate, best = MIN_GAIN / plain_ms, Plan(None, 0)
         best_info: tuple = (("none", 0), 0.0)
@@ -167,6 +205,7 @@ class AutoPolicy:
                 bucket = ngram_bucket(draft.score)
                 key = (drafter.name, bucket)
                 est = self._estimate(key, NGRAM_PRIORS[bucket])
+                self._shadows.append(_Shadow(key, len(state.context), tuple(draft.token_ids)))
                 expected = est.expected_tokens(len(draft))
                 for k in range(1, len(draft) + 1):
                     t = self._target_ms(k + 1)
@@ -219,7 +258,7 @@ class AutoPolicy:
             if scale_n is None:
                 scale_n = self._target_scale_n[n] = _Scale(alpha=0.3, value=self._target_scale.value)
             scale_n.update(step.verify_ms, calibrated)
-        if step.num_drafted and key[0] != "none":
+        if step.num_drafted and key[0] != "none" and key[0] not in self._free:
             self._estimates[key].update(step.num_drafted, step.num_accepted)
             if predicted_draft > 0 and key[0] in self._draft_scale:
                 self._draft_scale[key[0]].update(step.draft_ms, predicted_draft)

@@ -35,16 +35,43 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def engine():
+# A datastore corpus that holds the answer to one prompt, so the datastore drafter drafts.
+CORPUS = [
+    ("geometry.py", "def area(w: float, h: float) -> float:\n    return w * h\n\n\n"
+                    "def perimeter(w: float, h: float) -> float:\n    return 2 * (w + h)\n"),
+    ("strings.py", "def is_palindrome(s: str) -> bool:\n    return s == s[::-1]\n"),
+]
+
+
+def default_paths():
     try:
-        target = models.resolve(models.DEFAULT_TARGET)
-        draft = models.resolve(models.DEFAULT_DRAFT)
+        return models.resolve(models.DEFAULT_TARGET), models.resolve(models.DEFAULT_DRAFT)
     except models.ModelError as exc:
         pytest.skip(f"default models could not be fetched: {exc}")
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    from draftwise.drafters.datastore import DatastoreDrafter, build_datastore, stdlib_sources
     from draftwise.loading import load_engine
 
-    return load_engine(str(target), f"ngram,{draft}")
+    target, draft = default_paths()
+    engine = load_engine(str(target), f"ngram,suffix,{draft}")
+    store = tmp_path_factory.mktemp("datastore") / "ds"
+    encode = lambda text: engine.tokenizer.encode(text, add_special=False)  # noqa: E731
+    build_datastore([*CORPUS, *stdlib_sources(max_files=20)], encode, store)
+    engine.drafters.append(DatastoreDrafter(store))
+    return engine
+
+
+@pytest.fixture(scope="module")
+def tree_engine():
+    from draftwise.drafters import NgramDrafter
+    from draftwise.engine import Engine
+    from draftwise.loading import LoadOptions, load_backend
+
+    target, _ = default_paths()
+    return Engine(load_backend(str(target), LoadOptions(n_seq_max=4)), [NgramDrafter()])
 
 
 def plain_with_margins(engine, prompt_ids, num_tokens):
@@ -67,15 +94,15 @@ def plain_with_margins(engine, prompt_ids, num_tokens):
     return tokens, margins, runners_up
 
 
-@pytest.mark.parametrize("drafter,k", [("draft", 4), ("ngram", 8)])
-def test_greedy_equivalence_real_pair(engine, drafter, k):
-    identical, divergences = 0, []
+def check_equivalence(engine, label, speculation, drafters) -> list:
+    """Greedy speculative vs plain on every prompt; returns the results; asserts the bound."""
+    identical, divergences, results = 0, [], []
     for prompt in PROMPTS:
         prompt_ids = engine.encode_prompt(messages=[{"role": "user", "content": prompt}])
         expected, margins, runners_up = plain_with_margins(engine, prompt_ids, NUM_TOKENS)
         result = engine.generate(prompt_ids=prompt_ids, sampling=SamplingParams(max_tokens=NUM_TOKENS),
-                                 speculation=SpeculationConfig(policy="fixed", max_draft_tokens=k),
-                                 drafters=[drafter])
+                                 speculation=speculation, drafters=drafters)
+        results.append(result)
         got = result.token_ids
         if got == expected:
             identical += 1
@@ -85,8 +112,22 @@ def test_greedy_equivalence_real_pair(engine, drafter, k):
         runner_up = runners_up[pos] if pos < len(runners_up) else None
         divergences.append((prompt[:40], pos, expected[pos:pos + 1], got[pos:pos + 1], margin,
                             got[pos:pos + 1] == [runner_up]))
-    print(f"\n{drafter} k={k}: identical {identical}/{len(PROMPTS)}")
+    drafted = sum(r.stats.num_drafted for r in results)
+    print(f"\n{label}: identical {identical}/{len(PROMPTS)}, {drafted} tokens drafted")
     for d in divergences:
         print(f"  divergence: prompt={d[0]!r} position={d[1]} plain={d[2]} speculative={d[3]} margin={d[4]:.4f} "
               f"runner-up={d[5]}")
     assert all(d[4] < MARGIN_BOUND and d[5] for d in divergences), divergences
+    assert drafted > 0, f"{label} never drafted: the test would prove nothing"
+    return results
+
+
+@pytest.mark.parametrize("drafter,k", [("draft", 4), ("ngram", 8), ("suffix", 8), ("datastore", 8)])
+def test_greedy_equivalence_real_pair(engine, drafter, k):
+    check_equivalence(engine, f"{drafter} k={k}", SpeculationConfig(policy="fixed", max_draft_tokens=k), [drafter])
+
+
+def test_greedy_equivalence_real_pair_token_trees(tree_engine):
+    speculation = SpeculationConfig(policy="fixed", max_draft_tokens=8, max_branches=4)
+    results = check_equivalence(tree_engine, "ngram k=8 branches=4", speculation, ["ngram"])
+    assert sum(r.stats.num_tree_steps for r in results) > 0, "no step verified several branches"

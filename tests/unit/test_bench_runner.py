@@ -124,6 +124,19 @@ def test_identical_is_not_claimed_for_sampled_runs_and_sweeps_make_one_set_per_s
     assert all(r["speedup"] is not None for r in records)
 
 
+def test_branches_sweep_applies_to_fixed_ngram_only_and_stays_identical(tmp_path):
+    prompts = [Prompt(21, "code_edit", ("a b c a b d a b c a b d a b",))]
+    records = run(toy_engine(), tmp_path, prompts=prompts, methods=("baseline", "ngram", "draft", "auto:ngram"),
+                  ks=(3,), branches=(1, 3))["records"]
+    combos = sorted((r["method"], r["branches"]) for r in records)
+    assert combos == [("auto:ngram", 1), ("baseline", 1), ("draft", 1), ("ngram", 1), ("ngram", 3)]
+    assert all(r["identical_to_baseline"] is True for r in records)
+    tree = next(r for r in records if r["branches"] == 3)
+    assert tree["num_tree_steps"] >= 1 and tree["error"] is None  # "a b" continues with " c" or " d"
+    with pytest.raises(ConfigError, match="branches"):
+        BenchConfig(branches=(0,))
+
+
 def test_a_failing_method_records_an_error_and_the_run_goes_on(tmp_path):
     class Boom(NgramDrafter):
         def propose(self, context, max_tokens):

@@ -152,3 +152,37 @@ def test_costly_lookups_back_off_when_not_taken():
     for _ in range(40):
         policy.plan(PlanState(context=[1, 2, 3], max_k=8))
     assert SlowNoMatch.calls <= 12  # backed off to every 8th step
+
+
+def test_free_drafters_are_scored_by_committed_tokens_while_decoding_plainly():
+    # Verifying 1 token pays only above 95% acceptance, more than any match-length prior.
+    policy = AutoPolicy(target_cost=CostCurve(((1, 30.0), (2, 56.0), (3, 80.0), (32, 900.0))))
+    policy.begin([NgramDrafter(1, 2)], SpeculationConfig())
+    cycle = [1, 2, 3, 4, 5, 6]
+    context = cycle * 2
+    assert policy.plan(PlanState(context=list(context), max_k=1)).k == 0
+    for _ in range(80):
+        context.append(cycle[len(context) % 6])  # plain decoding commits what the lookup proposed
+        plan = policy.plan(PlanState(context=list(context), max_k=1))
+        if plan.k:
+            break
+    assert plan.k == 1 and plan.draft.token_ids == (cycle[len(context) % 6],)
+    key = max(policy._estimates, key=lambda k: k[1])  # the longest-match bucket, where it speculated
+    est = policy._estimates[key]
+    assert est.trials[0] > 0 and est.rate(0) > 0.95 > est.prior
+    before = est.rate(0)
+    policy.plan(PlanState(context=[*context, 9], max_k=1))  # the target commits another token
+    assert est.rate(0) < before
+
+
+def test_shadow_scores_wait_for_the_tokens_that_decide_them():
+    policy = AutoPolicy(target_cost=CostCurve.linear(30.0, 28.0))
+    policy.begin([NgramDrafter(1, 4)], SpeculationConfig())
+    context = [7, 1, 2, 3, 4, 8, 1, 2]  # proposes [3, 4, 8, 1, 2]
+    policy.plan(PlanState(context=list(context), max_k=8))
+    (first,) = policy._estimates
+    policy.plan(PlanState(context=[*context, 3, 4], max_k=8))  # two matched, three undecided
+    assert all(not est.trials for est in policy._estimates.values())
+    policy.plan(PlanState(context=[*context, 3, 4, 5], max_k=8))  # third differs: 2 of 3 judged accepted
+    est = policy._estimates[first]
+    assert est.trials[:3] == [1.0, 1.0, 1.0] and est.hits[:3] == [1.0, 1.0, 0.0]

@@ -22,10 +22,11 @@ class MethodSpec:
     drafters: tuple[str, ...] = ()
     enabled: bool = True
 
-    def speculation(self, k: int, draft_temperature: float | None) -> SpeculationConfig:
+    def speculation(self, k: int, draft_temperature: float | None, branches: int = 1) -> SpeculationConfig:
         if not self.enabled:
             return SpeculationConfig(enabled=False)
-        return SpeculationConfig(policy=self.policy, max_draft_tokens=k, draft_temperature=draft_temperature)
+        return SpeculationConfig(policy=self.policy, max_draft_tokens=k, draft_temperature=draft_temperature,
+                                 max_branches=branches)
 
 
 def parse_method(name: str, available: Sequence[str]) -> MethodSpec:

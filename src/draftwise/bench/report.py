@@ -37,6 +37,8 @@ def variant_label(record: dict) -> str:
         label += f" k={record['k']}"
     if record.get("draft_temperature") is not None:
         label += f" dT={record['draft_temperature']:g}"
+    if (record.get("branches") or 1) > 1:
+        label += f" b={record['branches']}"
     return label
 
 
@@ -149,7 +151,9 @@ def render_markdown(results: dict, plots: Sequence[str] = ()) -> str:
     out.append(f"Target `{target}`" + (f", draft model `{meta['draft_model']}`" if meta.get("draft_model") else "")
                + f"; drafters loaded: {', '.join(meta.get('drafters', [])) or 'none'}; prompts: {meta.get('prompts', '?')}.")
     out.append(f"Methods {', '.join(config.get('methods', []))}; max_tokens {config.get('max_tokens')}; "
-               f"k {config.get('ks')}; repeats {config.get('repeats')} (median kept); "
+               f"k {config.get('ks')}; "
+               + (f"branches {config.get('branches')}; " if (config.get("branches") or [1]) != [1] else "")
+               + f"repeats {config.get('repeats')} (median kept); "
                f"{len(records)} records{'' if results.get('complete') else ' (run incomplete)'}.")
     out += ["", HOW_MEASURED, ""]
     load = [r["load_avg_1m"] for r in records if r.get("load_avg_1m") is not None]

@@ -12,7 +12,7 @@ import json
 import os
 import platform
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol, Sequence
@@ -39,6 +39,7 @@ class BenchConfig:
     max_tokens: int = 256
     temperatures: tuple[float, ...] = (0.0,)
     ks: tuple[int, ...] = (4,)
+    branches: tuple[int, ...] = (1,)
     draft_temperatures: tuple[float | None, ...] = (None,)
     repeats: int = 1
     context_lengths: tuple[int, ...] = ()
@@ -50,7 +51,7 @@ class BenchConfig:
     window_tokens: int = 32
 
     def __post_init__(self) -> None:
-        for name in ("methods", "temperatures", "ks", "draft_temperatures", "context_lengths"):
+        for name in ("methods", "temperatures", "ks", "branches", "draft_temperatures", "context_lengths"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         if not self.methods:
             raise ConfigError("methods: give at least one method")
@@ -58,6 +59,8 @@ class BenchConfig:
             raise ConfigError(f"temperatures must be >= 0, got {list(self.temperatures)}")
         if not self.ks or any(not 1 <= k <= 256 for k in self.ks):
             raise ConfigError(f"k values must be in [1, 256], got {list(self.ks)}")
+        if not self.branches or any(not 1 <= b <= 16 for b in self.branches):
+            raise ConfigError(f"branches must be in [1, 16], got {list(self.branches)}")
         if not self.draft_temperatures or any(t is not None and t < 0 for t in self.draft_temperatures):
             raise ConfigError(f"draft temperatures must be >= 0 (or None: same as the target), got {list(self.draft_temperatures)}")
         if self.repeats < 1:
@@ -68,7 +71,7 @@ class BenchConfig:
             raise ConfigError(f"context lengths must be >= 16 tokens, got {list(self.context_lengths)}")
         if self.window_tokens < 1:
             raise ConfigError(f"window_tokens must be >= 1, got {self.window_tokens}")
-        for name in ("temperatures", "ks", "draft_temperatures", "context_lengths"):
+        for name in ("temperatures", "ks", "branches", "draft_temperatures", "context_lengths"):
             values = getattr(self, name)
             if len(set(values)) != len(values):
                 raise ConfigError(f"{name}: a value is given twice in {list(values)}")
@@ -85,9 +88,10 @@ class Variant:
     method: MethodSpec
     k: int | None = None
     draft_temperature: float | None = None
+    branches: int = 1
 
     def speculation(self) -> SpeculationConfig:
-        return self.method.speculation(self.k or 1, self.draft_temperature)
+        return self.method.speculation(self.k or 1, self.draft_temperature, self.branches)
 
 
 class ProgressSink(Protocol):
@@ -188,9 +192,12 @@ class BenchRunner:
                 out.append(Variant(m))
                 continue
             samples = any(not getattr(self.drafter_objects[d], "free", True) for d in m.drafters)
+            # Token trees: only the fixed policy with a drafter that proposes them.
+            trees = m.policy == "fixed" and all(hasattr(self.drafter_objects[d], "propose_tree") for d in m.drafters)
             for k in self.config.ks:
                 for dt in (self.config.draft_temperatures if samples else (None,)):
-                    out.append(Variant(m, k, dt))
+                    for b in (self.config.branches if trees else (1,)):
+                        out.append(Variant(m, k, dt, b))
         return out
 
     def _uses_model(self, variant: Variant) -> bool:
@@ -331,6 +338,7 @@ class BenchRunner:
                 "question_id": original.question_id, "category": original.category, "turn": turn,
                 "method": variant.method.name, "policy_name": variant.method.policy if variant.method.enabled else "none",
                 "drafters": list(variant.method.drafters), "k": variant.k, "draft_temperature": variant.draft_temperature,
+                "branches": variant.branches,
                 "temperature": temperature, "context_tokens": ctx, "seed": cfg.seed,
                 "max_tokens": cfg.max_tokens, "repeats": len(tries),
                 "cold_prefill_ms": cold.get("", {}).get("prefill_ms"),
@@ -435,6 +443,8 @@ def _describe(variant: Variant) -> str:
         parts.append(f"k={variant.k}")
     if variant.draft_temperature is not None:
         parts.append(f"dT={variant.draft_temperature:g}")
+    if variant.branches > 1:
+        parts.append(f"b={variant.branches}")
     return " ".join(parts)
 
 
@@ -497,7 +507,7 @@ def load_bench_engine(target: str, draft_model: str | None, *, need_draft: bool,
         if not draft_model:
             raise ConfigError("a method needs the draft model, but none is set (--draft-model)")
         try:
-            draft_backend = load_backend(draft_model, options, progress)
+            draft_backend = load_backend(draft_model, replace(options, n_seq_max=1), progress)
             engine = Engine(target_backend, [*free, ModelDrafter(draft_backend, name="draft")])
         except BaseException:
             target_backend.close()
