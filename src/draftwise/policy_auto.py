@@ -22,7 +22,7 @@ from draftwise.backends.base import common_prefix_length
 from draftwise.calibrate import CostCurve, load_or_measure
 from draftwise.drafters.base import Drafter
 from draftwise.policy import Plan, PlanState
-from draftwise.types import SpeculationConfig, StepStats
+from draftwise.types import Draft, SpeculationConfig, StepStats
 
 MAX_K = 32
 # Speculate only when the expected rate beats plain decoding by this factor: estimates are
@@ -36,6 +36,11 @@ MAX_BACKOFF = 8
 NGRAM_BUCKETS = (1, 2, 3, 4, 5, 8, 16, 32)
 NGRAM_PRIORS = (0.25, 0.35, 0.45, 0.5, 0.6, 0.7, 0.8, 0.9)
 DRAFT_MODEL_PRIOR = 0.7
+# How a free drafter's proposal relates to the other free drafters' proposals this step:
+# acceptance is estimated separately for each, so when two lookups disagree on the next
+# token the policy learns how far to trust either (a single drafter is always ALONE).
+ALONE, AGREE, CONFLICT = 0, 1, 2
+RELATION_NAMES = ("", "+agree", "+conflict")
 # Proposals awaiting the committed tokens that score them (shadow scoring), at most.
 MAX_SHADOWS = 64
 
@@ -97,7 +102,7 @@ class AcceptanceEstimate:
 class _Shadow:
     """A free drafter's proposal made when the context had `start` tokens."""
 
-    key: tuple[str, int]
+    key: tuple[str, int, int]
     start: int
     token_ids: tuple[int, ...]
 
@@ -154,7 +159,7 @@ class AutoPolicy:
                     raise ValueError(f"the auto policy needs a cost curve for drafter {d.name!r}")
                 self.draft_costs[d.name] = load_or_measure(backend, max_n=self.max_k)
 
-    def _estimate(self, key: tuple[str, int], prior: float) -> AcceptanceEstimate:
+    def _estimate(self, key: tuple[str, int, int], prior: float) -> AcceptanceEstimate:
         est = self._estimates.get(key)
         if est is None:
             est = self._estimates[key] = AcceptanceEstimate(prior=prior)
@@ -185,56 +190,63 @@ class AutoPolicy:
         self._score_shadows(state.context)
         plain_ms = self._target_ms(1)
         best_rate, best = MIN_GAIN / plain_ms, Plan(None, 0)
-        best_info: tuple = (("none", 0), 0.0)
+        best_info: tuple = (("none", 0, ALONE), 0.0)
         k_cap = min(self.max_k, state.max_k)
         consulted: list[Drafter] = []
+        proposals: list[tuple[Drafter, Draft]] = []
+        for drafter in self._drafters if k_cap > 0 else ():
+            if not drafter.free:
+                continue
+            if self._skip.get(drafter.name, 0) > 0:
+                self._skip[drafter.name] -= 1
+                continue
+            # Free drafters propose first: the proposal's length and match bound k.
+            t0 = time.perf_counter()
+            draft = drafter.propose(state.context, k_cap)
+            elapsed = 1000 * (time.perf_counter() - t0)
+            previous = self._lookup_ms.get(drafter.name, elapsed)
+            self._lookup_ms[drafter.name] = previous + 0.2 * (elapsed - previous)
+            consulted.append(drafter)
+            if len(draft):
+                proposals.append((drafter, draft))
+        for drafter, draft in proposals:
+            others = [d.token_ids[0] for o, d in proposals if o is not drafter]
+            relation = ALONE if not others else AGREE if all(t == draft.token_ids[0] for t in others) else CONFLICT
+            bucket = ngram_bucket(draft.score)
+            key = (drafter.name, bucket, relation)
+            est = self._estimate(key, NGRAM_PRIORS[bucket])
+            self._shadows.append(_Shadow(key, len(state.context), tuple(draft.token_ids)))
+            expected = est.expected_tokens(len(draft))
+            for k in range(1, len(draft) + 1):
+                t = self._target_ms(k + 1)
+                if expected[k] / t > best_rate:
+                    best_rate = expected[k] / t
+                    best = Plan(drafter, k, draft.truncated(k))
+                    best_info = (key, 0.0)
         for drafter in self._drafters if k_cap > 0 else ():
             if drafter.free:
-                if self._skip.get(drafter.name, 0) > 0:
-                    self._skip[drafter.name] -= 1
-                    continue
-                # Free drafters propose first: the proposal's length and match bound k.
-                t0 = time.perf_counter()
-                draft = drafter.propose(state.context, k_cap)
-                elapsed = 1000 * (time.perf_counter() - t0)
-                previous = self._lookup_ms.get(drafter.name, elapsed)
-                self._lookup_ms[drafter.name] = previous + 0.2 * (elapsed - previous)
-                consulted.append(drafter)
-                if not len(draft):
-                    continue
-                bucket = ngram_bucket(draft.score)
-                key = (drafter.name, bucket)
-                est = self._estimate(key, NGRAM_PRIORS[bucket])
-                self._shadows.append(_Shadow(key, len(state.context), tuple(draft.token_ids)))
-                expected = est.expected_tokens(len(draft))
-                for k in range(1, len(draft) + 1):
-                    t = self._target_ms(k + 1)
-                    if expected[k] / t > best_rate:
-                        best_rate = expected[k] / t
-                        best = Plan(drafter, k, draft.truncated(k))
-                        best_info = (key, 0.0)
-            else:
-                key = (drafter.name, 0)
-                est = self._estimate(key, DRAFT_MODEL_PRIOR)
-                cost = self.draft_costs[drafter.name]
-                scale = self._draft_scale.setdefault(drafter.name, _Scale()).value
-                backend = getattr(drafter, "backend", None)
-                missing = max(1, len(state.context) - (backend.num_cached if backend is not None else 0))
-                first_ms = cost.ms(min(missing, cost.max_n)) * scale
-                step_ms = cost.ms(1) * scale
-                expected = est.expected_tokens(k_cap)
-                for k in range(1, k_cap + 1):
-                    draft_ms = first_ms + step_ms * (k - 1)
-                    t = draft_ms + self._target_ms(k + 1)
-                    if expected[k] / t > best_rate:
-                        best_rate = expected[k] / t
-                        best = Plan(drafter, k)
-                        best_info = (key, draft_ms / scale)  # unscaled
-                if best.drafter is drafter and hasattr(drafter, "min_confidence"):
-                    # Stop drafting when the draft's own confidence is below what one more
-                    # token must earn: (its draft + verify cost) x the plain rate.
-                    marginal_ms = step_ms + self._target_ms(best.k + 1) - self._target_ms(best.k)
-                    drafter.min_confidence = min(0.95, max(0.0, marginal_ms / plain_ms) * 0.5)
+                continue
+            key = (drafter.name, 0, ALONE)
+            est = self._estimate(key, DRAFT_MODEL_PRIOR)
+            cost = self.draft_costs[drafter.name]
+            scale = self._draft_scale.setdefault(drafter.name, _Scale()).value
+            backend = getattr(drafter, "backend", None)
+            missing = max(1, len(state.context) - (backend.num_cached if backend is not None else 0))
+            first_ms = cost.ms(min(missing, cost.max_n)) * scale
+            step_ms = cost.ms(1) * scale
+            expected = est.expected_tokens(k_cap)
+            for k in range(1, k_cap + 1):
+                draft_ms = first_ms + step_ms * (k - 1)
+                t = draft_ms + self._target_ms(k + 1)
+                if expected[k] / t > best_rate:
+                    best_rate = expected[k] / t
+                    best = Plan(drafter, k)
+                    best_info = (key, draft_ms / scale)  # unscaled
+            if best.drafter is drafter and hasattr(drafter, "min_confidence"):
+                # Stop drafting when the draft's own confidence is below what one more
+                # token must earn: (its draft + verify cost) x the plain rate.
+                marginal_ms = step_ms + self._target_ms(best.k + 1) - self._target_ms(best.k)
+                drafter.min_confidence = min(0.95, max(0.0, marginal_ms / plain_ms) * 0.5)
         for drafter in consulted:
             name = drafter.name
             if best.drafter is drafter or self._lookup_ms[name] <= LOOKUP_SHARE * plain_ms:
@@ -269,7 +281,8 @@ class AutoPolicy:
             "policy": self.name,
             "target_cost_ms": {n: round(self._target_ms(n), 2) for n in (1, 2, 4, 8, 16, 32)},
             "target_time_scale": round(self._target_scale.value, 3),
-            "acceptance": {f"{name}/{bucket}": est.summary() for (name, bucket), est in sorted(self._estimates.items())},
+            "acceptance": {f"{name}/{bucket}{RELATION_NAMES[rel]}": est.summary()
+                           for (name, bucket, rel), est in sorted(self._estimates.items())},
             "draft_time_scale": {name: round(s.value, 3) for name, s in self._draft_scale.items()},
             "lookup_ms": {name: round(ms, 3) for name, ms in self._lookup_ms.items()},
         }

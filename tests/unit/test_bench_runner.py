@@ -233,3 +233,19 @@ def test_method_names():
         parse_method("fixed:ngram+draft", available)
     with pytest.raises(ConfigError, match="not a policy"):
         parse_method("greedy:ngram", available)
+
+
+def test_later_turns_continue_from_the_baselines_answer(tmp_path):
+    seen: dict[str, list] = {}
+
+    def tamper(result, messages, drafters):
+        name = "+".join(drafters or ["baseline"])
+        seen.setdefault(name, []).append(messages)
+        if drafters == ["ngram"] and len(messages) == 1:  # numerics flipped a near-tie in turn 1
+            return dataclasses.replace(result, text="a different answer")
+        return result
+
+    run(Wrapped(toy_engine(), tamper), tmp_path, prompts=PROMPTS[2:], methods=("ngram", "baseline"))
+    baseline_answer = seen["baseline"][1][1]
+    assert baseline_answer["role"] == "assistant" and baseline_answer["content"] != "a different answer"
+    assert seen["ngram"][1][1] == baseline_answer  # turn 2 of every method sees the same conversation

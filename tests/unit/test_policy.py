@@ -122,7 +122,7 @@ def test_marginal_gain_is_not_taken():
     # n-gram proposal with a prior that predicts ~2% more tokens/s than plain: stay plain.
     policy = AutoPolicy(target_cost=CostCurve(((1, 30.0), (2, 51.0), (3, 80.0), (32, 900.0))))
     policy.begin([NgramDrafter(1, 2)], SpeculationConfig())
-    est = policy._estimate(("ngram", 1), 0.75)  # E(1) = 1.75 -> 1.75 / 51 = 1.03 x plain
+    est = policy._estimate(("ngram", 1, 0), 0.75)  # alone; E(1) = 1.75 -> 1.75 / 51 = 1.03 x plain
     assert est.rate(0) == 0.75
     assert policy.plan(PlanState(context=[3, 1, 2, 9, 1, 2], max_k=1)).k == 0
 
@@ -186,3 +186,47 @@ def test_shadow_scores_wait_for_the_tokens_that_decide_them():
     policy.plan(PlanState(context=[*context, 3, 4, 5], max_k=8))  # third differs: 2 of 3 judged accepted
     est = policy._estimates[first]
     assert est.trials[:3] == [1.0, 1.0, 1.0] and est.hits[:3] == [1.0, 1.0, 0.0]
+
+
+class Fixed:
+    """A free drafter that always proposes the same tokens with the given match length."""
+
+    free = True
+
+    def __init__(self, name, tokens, score=8.0):
+        self.name, self.tokens, self.score = name, tuple(tokens), score
+
+    def begin(self, *args):
+        pass
+
+    def propose(self, context, max_tokens):
+        from draftwise.types import Draft
+
+        return Draft(self.tokens[:max_tokens], source=self.name, score=self.score)
+
+
+def test_agreeing_and_conflicting_lookups_are_estimated_apart():
+    from draftwise.policy_auto import AGREE, ALONE, CONFLICT, ngram_bucket
+
+    cost = CostCurve(((1, 30.0), (2, 56.0), (3, 80.0), (32, 900.0)))
+    bucket = ngram_bucket(8.0)
+    policy = AutoPolicy(target_cost=cost)
+    policy.begin([Fixed("a", [5, 6]), Fixed("b", [5, 7]), Fixed("c", [4])], SpeculationConfig())
+    policy.plan(PlanState(context=[1], max_k=4))
+    assert set(policy._estimates) == {("a", bucket, CONFLICT), ("b", bucket, CONFLICT), ("c", bucket, CONFLICT)}
+    policy.begin([Fixed("a", [5, 6]), Fixed("b", [5, 7])], SpeculationConfig())
+    policy.plan(PlanState(context=[1], max_k=4))
+    assert ("a", bucket, AGREE) in policy._estimates and ("b", bucket, AGREE) in policy._estimates
+    policy.begin([Fixed("a", [5, 6])], SpeculationConfig())
+    policy.plan(PlanState(context=[1], max_k=4))
+    assert ("a", bucket, ALONE) in policy._estimates
+    # Only the conflict estimate of "a" learns that "a" is wrong when it disagrees with "b".
+    policy.begin([Fixed("a", [5, 6]), Fixed("b", [4])], SpeculationConfig())
+    for _ in range(3):
+        policy.plan(PlanState(context=[1], max_k=4))
+        policy.plan(PlanState(context=[1, 4], max_k=4))  # the target commits b's token
+        policy.begin(policy._drafters, SpeculationConfig())
+    conflict = policy._estimates[("a", bucket, CONFLICT)]
+    assert conflict.trials and conflict.hits[0] == 0.0
+    assert not policy._estimates[("a", bucket, ALONE)].trials
+    assert "a/%d+conflict" % bucket in policy.snapshot()["acceptance"]

@@ -20,7 +20,8 @@ HOW_MEASURED = (
     "so drift cancels and all start alike (the cold prompt cost is in results.json as cold_prefill_ms and, for a "
     "draft model, cold_draft_ms). speedup = a method's tok/s / the same prompt and turn's baseline tok/s, geometric "
     "mean. acceptance = accepted / drafted draft tokens and tokens/step = generated tokens / target forwards, both "
-    "pooled over prompts. identical = greedy output token-for-token equal to baseline. mem overhead = resident "
+    "pooled over prompts. identical = greedy output token-for-token equal to baseline. Later turns of a "
+    "conversation continue from the baseline's answers, so every method gets the same next task. mem overhead = resident "
     "memory with the draft model loaded and used minus without it. Tokens/s over the output comes from the times "
     "at which streamed text arrived."
 )

@@ -308,8 +308,15 @@ class BenchRunner:
         sampling = SamplingParams(temperature=temperature, top_k=cfg.top_k, top_p=cfg.top_p, min_p=cfg.min_p,
                                   seed=cfg.seed, max_tokens=cfg.max_tokens, ignore_eos=cfg.ignore_eos)
         runs: dict[tuple[int, int], list[dict]] = {}
+        # Baseline first: its answers become every method's conversation history, so later
+        # turns pose the same task to every method. (Batched verification on llama.cpp can
+        # flip a near-tie, DESIGN.md section 7; a method's own, different answer would
+        # otherwise change what the next turn measures.)
+        order = sorted(range(len(self.variants)), key=lambda vi: self.variants[vi].method.enabled)
         for _ in range(cfg.repeats):
-            for vi, variant in enumerate(self.variants):
+            reference: dict[int, str] = {}  # turn -> the baseline's answer in this repeat
+            for vi in order:
+                variant = self.variants[vi]
                 if history_state:
                     self._history_restore(history_state)
                 history: list[dict] = []
@@ -330,7 +337,10 @@ class BenchRunner:
                             if self.progress:
                                 self.progress.advance()
                         break
-                    history = [*messages, {"role": "assistant", "content": run["text"]}]
+                    if not variant.method.enabled:
+                        reference.setdefault(turn, run["text"])
+                    answer = reference.get(turn, run["text"])
+                    history = [*messages, {"role": "assistant", "content": answer}]
         records = []
         for (vi, turn), tries in sorted(runs.items()):
             variant = self.variants[vi]
