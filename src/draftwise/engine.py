@@ -240,9 +240,9 @@ class Engine:
                     if max_k < 0:
                         stats.finish_reason = "length"
                         break
-                    plan = policy.plan(PlanState(context=context, max_k=max_k, greedy=sampling.greedy))
-                    # 3. Draft.
+                    # 3. Draft (draft_ms counts planning too: free drafters propose inside plan()).
                     t_step = time.perf_counter()
+                    plan = policy.plan(PlanState(context=context, max_k=max_k, greedy=sampling.greedy))
                     draft = plan.draft
                     if draft is None:
                         draft = plan.drafter.propose(context, plan.k) if plan.drafter is not None and plan.k > 0 else Draft()

@@ -26,6 +26,8 @@ class RequestStats:
     num_steps: int = 0
     num_steps_with_draft: int = 0
     num_tree_steps: int = 0  # steps that verified several branches at once
+    num_plain_steps: int = 0  # steps that drafted nothing: one target token
+    plain_step_ms: float = 0.0  # their target time: the machine's speed during this request
     prefill_ms: float = 0.0
     decode_ms: float = 0.0
     draft_ms: float = 0.0
@@ -46,6 +48,9 @@ class RequestStats:
         self.drafter_choices[step.drafter] += 1
         self.k_choices[step.planned_k] += 1
         self.num_tree_steps += int(step.num_branches > 1)
+        if not step.num_drafted:
+            self.num_plain_steps += 1
+            self.plain_step_ms += step.verify_ms
         if step.num_drafted:
             self.num_steps_with_draft += 1
             while len(self.position_drafted) < step.num_drafted:
@@ -92,6 +97,8 @@ class RequestStats:
             "num_steps": self.num_steps,
             "num_steps_with_draft": self.num_steps_with_draft,
             "num_tree_steps": self.num_tree_steps,
+            "num_plain_steps": self.num_plain_steps,
+            "plain_step_ms": self.plain_step_ms,
             "acceptance_rate": self.acceptance_rate,
             "mean_accepted_tokens": self.mean_accepted_tokens,
             "tokens_per_step": self.tokens_per_step,

@@ -56,9 +56,9 @@ def test_geomean():
 def test_category_table_aggregates():
     rows = {(r[0], r[1]): r for r in category_rows(fake_results()["records"])}
     ngram_code = rows[("code", "ngram k=4")]
-    assert ngram_code[2:] == ("2", "40.0", f"{math.sqrt(3.0):.2f}x", "67%", "3.00", "100%", "+0", "0")
+    assert ngram_code[2:] == ("2", "40.0", f"{math.sqrt(3.0):.2f}x", "-", "67%", "3.00", "100%", "+0", "0")
     draft_code = rows[("code", "draft k=4")]
-    assert draft_code[2:] == ("1", "10.0", "0.50x", "50%", "3.00", "0%", "+512", "1")
+    assert draft_code[2:] == ("1", "10.0", "0.50x", "-", "50%", "3.00", "0%", "+512", "1")
     assert rows[("code", "baseline")][4] == "1.00x"
     assert rows[("all", "ngram k=4")][4] == f"{(1.5 * 2.0 * 0.9) ** (1 / 3):.2f}x"
     assert [r[0] for r in category_rows(fake_results()["records"])][-3:] == ["all", "all", "all"]
@@ -67,7 +67,7 @@ def test_category_table_aggregates():
 def test_report_writes_markdown_and_plots(tmp_path):
     path = write_report(fake_results(), tmp_path)
     text = path.read_text()
-    assert "| category | method | n | tok/s | speedup | acceptance |" in text
+    assert "| category | method | n | tok/s | speedup | drift-corr. | acceptance |" in text
     assert "| code | ngram k=4 | 2 | 40.0 |" in text
     assert "Overall geometric-mean speedup" in text and "RuntimeError: boom" in text
     assert "late/early" in text

@@ -249,3 +249,23 @@ def test_later_turns_continue_from_the_baselines_answer(tmp_path):
     baseline_answer = seen["baseline"][1][1]
     assert baseline_answer["role"] == "assistant" and baseline_answer["content"] != "a different answer"
     assert seen["ngram"][1][1] == baseline_answer  # turn 2 of every method sees the same conversation
+
+
+def test_drift_corrected_speedup_counts_time_in_each_runs_own_plain_steps():
+    from draftwise.bench.runner import _compare_with_baseline
+
+    def rec(policy, steps_ms, plain, tokens=100):
+        decode = sum(steps_ms)
+        return {"turn": 0, "policy_name": policy, "num_generated": tokens, "decode_ms": decode,
+                "decode_tokens_per_second": 1000 * tokens / decode, "num_plain_steps": plain,
+                "plain_step_ms": sum(steps_ms[:plain]), "_token_ids": [1]}
+
+    base = rec("none", [30.0] * 100, 100)
+    # Twice as slow a machine: plain steps take 60 ms; 20 plain + 20 steps of 4 tokens at 150 ms.
+    method = rec("auto", [60.0] * 20 + [150.0] * 20, 20)
+    few = rec("auto", [60.0] * 5 + [150.0] * 24, 5, tokens=101)  # too few plain steps to time the unit
+    _compare_with_baseline([base, method, few], greedy=True)
+    assert method["speedup"] == pytest.approx(3000 / 4200)  # raw: the slow machine hides the gain
+    assert method["speedup_drift_corrected"] == pytest.approx((100 * 60 / 4200) / (100 * 30 / 3000))
+    assert base["speedup_drift_corrected"] == pytest.approx(1.0)
+    assert few["speedup_drift_corrected"] is None and few["speedup"] is not None

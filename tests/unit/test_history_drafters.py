@@ -163,3 +163,48 @@ def test_trees_fall_back_to_chains_when_sampling():
     result = engine.generate(prompt_ids=[1, 2, 3, 1, 2, 4, 1, 2], sampling=SamplingParams(temperature=1.0, seed=3, max_tokens=40),
                              speculation=SpeculationConfig(policy="fixed", max_draft_tokens=4, max_branches=3))
     assert result.stats.num_tree_steps == 0 and result.stats.num_drafted > 0
+
+
+def _longest_suffix_in(context, docs, min_n, cap):
+    """Brute force: the longest suffix of context (length >= min_n, <= cap) found in a doc
+    followed by at least one token, and the continuations after its occurrences."""
+    best, where = 0, []
+    for n in range(min_n, min(cap, len(context)) + 1):
+        pattern = context[-n:]
+        found = [(d, i + n) for d, doc in enumerate(docs) for i in range(len(doc) - n)
+                 if doc[i : i + n] == pattern]
+        if found:
+            best, where = n, found
+    return best, where
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+small_docs = st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=30), min_size=1, max_size=4)
+
+
+@settings(max_examples=150, deadline=None)
+@given(history=small_docs, context=st.lists(st.integers(0, 3), min_size=2, max_size=30))
+def test_suffix_match_length_equals_brute_force(history, context):
+    drafter = SuffixDrafter(min_n=2)
+    for doc in history:  # earlier requests
+        drafter.match(doc)
+    drafter.match([99])  # retire the last one
+    _, length = drafter.match(context)
+    # Occurrences may lie in history or earlier in the live context (before its last token).
+    expected, _ = _longest_suffix_in(context, [*history, context], 2, 64)
+    assert length == expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(docs=small_docs, context=st.lists(st.integers(0, 3), min_size=1, max_size=20))
+def test_datastore_match_equals_brute_force(tmp_path_factory, docs, context):
+    path = tmp_path_factory.mktemp("ds") / "ds"
+    build_datastore([(f"{i}.txt", doc) for i, doc in enumerate(docs)], list, path)
+    length, where = _longest_suffix_in(context, docs, 2, 10**6)
+    positions, got = DatastoreDrafter(path).match(context)
+    assert got == length
+    if length:
+        offsets = np.cumsum([0] + [len(d) + 1 for d in docs])  # +1: each doc's separator
+        assert sorted(positions) == sorted(int(offsets[d] + p) for d, p in where)

@@ -19,13 +19,15 @@ HOW_MEASURED = (
     "prompt a short warm-up per drafter puts the prompt in every cache, then the methods run back to back on it, "
     "so drift cancels and all start alike (the cold prompt cost is in results.json as cold_prefill_ms and, for a "
     "draft model, cold_draft_ms). speedup = a method's tok/s / the same prompt and turn's baseline tok/s, geometric "
-    "mean. acceptance = accepted / drafted draft tokens and tokens/step = generated tokens / target forwards, both "
+    "mean. drift-corr. = the same, with each run's time counted in its own plain-step time (steps that drafted "
+    "nothing), so the machine speeding up or slowing down between runs cancels; '-' where a run had under 8 plain "
+    "steps. acceptance = accepted / drafted draft tokens and tokens/step = generated tokens / target forwards, both "
     "pooled over prompts. identical = greedy output token-for-token equal to baseline. Later turns of a "
     "conversation continue from the baseline's answers, so every method gets the same next task. mem overhead = resident "
     "memory with the draft model loaded and used minus without it. Tokens/s over the output comes from the times "
     "at which streamed text arrived."
 )
-TABLE_HEADERS = ("category", "method", "n", "tok/s", "speedup", "acceptance", "tokens/step", "identical",
+TABLE_HEADERS = ("category", "method", "n", "tok/s", "speedup", "drift-corr.", "acceptance", "tokens/step", "identical",
                  "mem overhead MB", "errors")
 
 
@@ -82,6 +84,7 @@ def aggregate(records: Sequence[dict]) -> dict:
         "errors": len(records) - len(ok),
         "tokens_per_second": sum(r["decode_tokens_per_second"] for r in ok) / len(ok) if ok else None,
         "speedup": geomean(r.get("speedup") for r in ok),
+        "speedup_drift_corrected": geomean(r.get("speedup_drift_corrected") for r in ok),
         "acceptance_rate": sum(r["num_accepted"] for r in ok) / drafted if drafted else None,
         "tokens_per_step": sum(r["num_generated"] + r.get("num_eos", 0) for r in ok) / steps if steps else None,
         "identical": sum(same) / len(same) if same else None,
@@ -109,6 +112,7 @@ def _format(a: dict) -> tuple:
         return "-" if v is None else format(v, fmt)
 
     return (str(a["n"]), num(a["tokens_per_second"], ".1f"), "-" if a["speedup"] is None else f"{a['speedup']:.2f}x",
+            "-" if a.get("speedup_drift_corrected") is None else f"{a['speedup_drift_corrected']:.2f}x",
             num(a["acceptance_rate"], ".0%"), num(a["tokens_per_step"], ".2f"), num(a["identical"], ".0%"),
             "-" if a["memory_overhead_mb"] is None else f"{a['memory_overhead_mb']:+.0f}", str(a["errors"]))
 
@@ -197,7 +201,7 @@ def render_markdown(results: dict, plots: Sequence[str] = ()) -> str:
                              and float(r["temperature"]) == temperature]
                     if group:
                         a = _format(aggregate(group))
-                        rows.append((f"{temperature:g}", variant, ctx, a[1], a[2], a[3], a[4]))
+                        rows.append((f"{temperature:g}", variant, ctx, a[1], a[2], a[4], a[5]))
         out += [markdown_table(("T", "method", "context tokens", "tok/s", "speedup", "acceptance", "tokens/step"),
                                rows), ""]
     memory = meta.get("memory") or {}

@@ -426,7 +426,12 @@ def cached_calibration(engine) -> dict:
 
 
 def _compare_with_baseline(records: list[dict], greedy: bool) -> None:
-    """speedup = decode tok/s over the same prompt and turn's baseline; identical: greedy only."""
+    """speedup = decode tok/s over the same prompt and turn's baseline; identical: greedy only.
+
+    speedup_drift_corrected measures each run's time in units of its own plain (k = 0) step
+    time, so a machine that slows down or speeds up between two runs (shared, noisy) cancels;
+    None when either run has fewer than MIN_PLAIN_STEPS plain steps to time that unit.
+    """
     base = {r["turn"]: r for r in records if r["policy_name"] == "none" and not r.get("error")}
     for r in records:
         if r.get("error"):
@@ -437,7 +442,20 @@ def _compare_with_baseline(records: list[dict], greedy: bool) -> None:
             continue
         b_tps = b["decode_tokens_per_second"]
         r["speedup"] = r["decode_tokens_per_second"] / b_tps if b_tps > 0 else None
+        r_rate, b_rate = _tokens_per_plain_step(r), _tokens_per_plain_step(b)
+        r["speedup_drift_corrected"] = r_rate / b_rate if r_rate and b_rate else None
         r["identical_to_baseline"] = (r["_token_ids"] == b["_token_ids"]) if greedy else None
+
+
+MIN_PLAIN_STEPS = 8
+
+
+def _tokens_per_plain_step(r: dict) -> float | None:
+    """Generated tokens per (mean plain step time) of decoding: a machine-speed-free rate."""
+    plain = r.get("num_plain_steps", 0)
+    if plain < MIN_PLAIN_STEPS or not r.get("decode_ms") or not r.get("plain_step_ms"):
+        return None
+    return r["num_generated"] * (r["plain_step_ms"] / plain) / r["decode_ms"]
 
 
 def _cold_draft_ms(variant: Variant, cold: dict[str, dict], uses_model: bool) -> float | None:

@@ -99,28 +99,27 @@ class DatastoreDrafter:
     def begin(self, sampling: SamplingParams, speculation: SpeculationConfig) -> None:
         pass
 
-    def _compare(self, start: int, pattern: np.ndarray) -> int:
+    def _compare(self, start: int, pattern: list[int]) -> int:
         """Sign of corpus[start:start+m] vs pattern, lexicographically (shorter = smaller)."""
-        window = np.asarray(self.tokens[start : start + len(pattern)])
-        m = len(window)
-        diff = np.flatnonzero(window != pattern[:m])
-        if diff.size:
-            return -1 if window[diff[0]] < pattern[diff[0]] else 1
-        return 0 if m == len(pattern) else -1
+        # NOTE: Python lists compare lexicographically, shorter first, in C; a few tokens
+        # as a list beat numpy's per-call overhead (3 numpy calls per comparison before).
+        window = self.tokens[start : start + len(pattern)].tolist()
+        return 0 if window == pattern else -1 if window < pattern else 1
 
-    def _range(self, pattern: np.ndarray) -> tuple[int, int]:
+    def _range(self, pattern: list[int]) -> tuple[int, int]:
         """[lo, hi) of suffix-array entries starting with pattern."""
-        lo, hi = 0, len(self.sa)
+        sa, compare = self.sa, self._compare
+        lo, hi = 0, len(sa)
         while lo < hi:
             mid = (lo + hi) // 2
-            if self._compare(int(self.sa[mid]), pattern) < 0:
+            if compare(int(sa[mid]), pattern) < 0:
                 lo = mid + 1
             else:
                 hi = mid
-        first, hi = lo, len(self.sa)
+        first, hi = lo, len(sa)
         while lo < hi:
             mid = (lo + hi) // 2
-            if self._compare(int(self.sa[mid]), pattern) <= 0:
+            if compare(int(sa[mid]), pattern) <= 0:
                 lo = mid + 1
             else:
                 hi = mid
@@ -128,21 +127,29 @@ class DatastoreDrafter:
 
     def match(self, context: Sequence[int]) -> tuple[list[int], int]:
         """Continuation starts for the longest context suffix in the corpus (binary search on length)."""
-        tail = np.asarray(context[-MAX_MATCH:], dtype=np.int32)
-        best: tuple[int, int, int] = (0, 0, 0)
+        tail = [int(t) for t in context[-MAX_MATCH:]]
+        best: tuple[int, list[int]] = (0, [])
         lo_len, hi_len = self.min_match, len(tail)
-        while lo_len <= hi_len:  # occurrence is monotone in length: longer found => shorter found
+        # Occurrence with a continuation is monotone in length (a match of m tokens
+        # contains one of m - 1 with the same next token), so binary search on it.
+        while lo_len <= hi_len:
             m = (lo_len + hi_len) // 2
-            first, last = self._range(tail[len(tail) - m :])
-            if last > first:
-                best, lo_len = (m, first, last), m + 1
+            starts = self._continuations(*self._range(tail[len(tail) - m :]), m)
+            if starts:
+                best, lo_len = (m, starts), m + 1
             else:
                 hi_len = m - 1
-        m, first, last = best
-        if m == 0:
-            return [], 0
-        starts = np.asarray(self.sa[first : min(last, first + MAX_OCCURRENCES)]) + m
-        return [int(s) for s in starts], m
+        m, starts = best
+        return starts, m
+
+    def _continuations(self, first: int, last: int, m: int) -> list[int]:
+        """Where the next token follows each of (up to MAX_OCCURRENCES) matches; a match that
+        ends its document has none."""
+        if last <= first:
+            return []
+        starts = np.asarray(self.sa[first : min(last, first + MAX_OCCURRENCES)], dtype=np.int64) + m
+        starts = starts[starts < len(self.tokens)]
+        return [int(s) for s in starts[np.asarray(self.tokens[starts]) >= 0]]
 
     def _token_at(self, p: int) -> int | None:
         if p >= len(self.tokens):

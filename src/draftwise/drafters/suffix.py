@@ -106,13 +106,21 @@ class SuffixDrafter:
             return [], 0
         starts = self._index.get(tuple(tokens[end - self.min_n :]), [])
         best, best_len = [], 0
+        live_len = end - self._live_start
         for start in starts[-MAX_CANDIDATES:]:
-            if start >= end:
+            if start >= end or tokens[start] == SEPARATOR:  # no continuation to propose
                 continue
-            length = self.min_n
-            while (length < MAX_BACKWARD and start - length - 1 >= 0 and end - length - 1 >= self._live_start
-                   and tokens[start - length - 1] == tokens[end - length - 1] != SEPARATOR):
-                length += 1
+            # Longest L with tokens[start-L:start] == tokens[end-L:end]: equality is monotone in
+            # L, so binary search with slice comparisons (in C). The live side holds no
+            # SEPARATOR, so a match never reaches back across a document boundary.
+            lo, hi = self.min_n, min(MAX_BACKWARD, start, live_len)
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if tokens[start - mid : start] == tokens[end - mid : end]:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            length = lo
             if length > best_len:
                 best, best_len = [start], length
             elif length == best_len:
