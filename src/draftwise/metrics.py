@@ -26,8 +26,7 @@ class RequestStats:
     num_steps: int = 0
     num_steps_with_draft: int = 0
     num_tree_steps: int = 0  # steps that verified several branches at once
-    num_plain_steps: int = 0  # steps that drafted nothing: one target token
-    plain_step_ms: float = 0.0  # their target time: the machine's speed during this request
+    plain_step_ms: float = 0.0  # target time of the steps that drafted nothing: the machine's speed
     prefill_ms: float = 0.0
     decode_ms: float = 0.0
     draft_ms: float = 0.0
@@ -49,9 +48,8 @@ class RequestStats:
         self.k_choices[step.planned_k] += 1
         self.num_tree_steps += int(step.num_branches > 1)
         if not step.num_drafted:
-            self.num_plain_steps += 1
             self.plain_step_ms += step.verify_ms
-        if step.num_drafted:
+        else:
             self.num_steps_with_draft += 1
             while len(self.position_drafted) < step.num_drafted:
                 self.position_drafted.append(0)
@@ -59,6 +57,11 @@ class RequestStats:
             for i in range(step.num_drafted):
                 self.position_drafted[i] += 1
                 self.position_accepted[i] += int(i < step.num_accepted)
+
+    @property
+    def num_plain_steps(self) -> int:
+        """Steps that drafted nothing: one target token each."""
+        return self.num_steps - self.num_steps_with_draft
 
     @property
     def acceptance_rate(self) -> float:

@@ -131,23 +131,23 @@ class AutoPolicy:
         self.max_k = max_k
         self.calibrate = calibrate
         self._drafters: list[Drafter] = []
-        self._estimates: dict[tuple[str, int], AcceptanceEstimate] = {}
+        self._estimates: dict[tuple[str, int, int], AcceptanceEstimate] = {}
         self._target_scale = _Scale()  # all batch sizes: machine load
         self._target_scale_n: dict[int, _Scale] = {}  # per batch size: context length effects
         self._draft_scale: dict[str, _Scale] = {}
-        self._last: tuple[tuple[str, int], float] | None = None  # (estimate key, calibrated draft ms)
+        # (estimate key the verdict updates, calibrated draft ms): a key only for a model
+        # drafter; free drafters' estimates are updated by shadow scoring instead.
+        self._last: tuple[tuple[str, int, int] | None, float] | None = None
         self._lookup_ms: dict[str, float] = {}  # smoothed propose() time of free drafters
         self._backoff: dict[str, int] = {}  # current back-off interval in steps
         self._skip: dict[str, int] = {}  # steps left before the next consultation
         self._shadows: list[_Shadow] = []  # proposals not yet scored against committed tokens
-        self._free: set[str] = set()  # names of free drafters (scored by shadow, not by observe)
         self.last_decision: dict = {}
 
     # ---------------------------------------------------------------- set-up
     def begin(self, drafters: Sequence[Drafter], speculation: SpeculationConfig) -> None:
         self._drafters = list(drafters) if speculation.enabled else []
         self._shadows.clear()  # a new request: earlier proposals refer to another context
-        self._free.update(d.name for d in self._drafters if d.free)
         if self.target_cost is None:
             if self.target is None or not self.calibrate:
                 raise ValueError("the auto policy needs a target cost curve or a target backend to calibrate")
@@ -190,7 +190,7 @@ class AutoPolicy:
         self._score_shadows(state.context)
         plain_ms = self._target_ms(1)
         best_rate, best = MIN_GAIN / plain_ms, Plan(None, 0)
-        best_info: tuple = (("none", 0, ALONE), 0.0)
+        best_info: tuple = (None, 0.0)
         k_cap = min(self.max_k, state.max_k)
         consulted: list[Drafter] = []
         proposals: list[tuple[Drafter, Draft]] = []
@@ -222,7 +222,7 @@ class AutoPolicy:
                 if expected[k] / t > best_rate:
                     best_rate = expected[k] / t
                     best = Plan(drafter, k, draft.truncated(k))
-                    best_info = (key, 0.0)
+                    best_info = (None, 0.0)  # shadow scoring covers this proposal
         for drafter in self._drafters if k_cap > 0 else ():
             if drafter.free:
                 continue
@@ -255,7 +255,8 @@ class AutoPolicy:
                 self._backoff[name] = min(MAX_BACKOFF, max(1, 2 * self._backoff.get(name, 0)))
                 self._skip[name] = self._backoff[name] - 1
         self._last = best_info
-        self.last_decision = {"drafter": best_info[0][0], "k": best.k, "expected_tokens_per_s": 1000 * best_rate}
+        self.last_decision = {"drafter": best.drafter.name if best.drafter else "none", "k": best.k,
+                              "expected_tokens_per_s": 1000 * best_rate}
         return best
 
     def observe(self, step: StepStats) -> None:
@@ -270,7 +271,7 @@ class AutoPolicy:
             if scale_n is None:
                 scale_n = self._target_scale_n[n] = _Scale(alpha=0.3, value=self._target_scale.value)
             scale_n.update(step.verify_ms, calibrated)
-        if step.num_drafted and key[0] != "none" and key[0] not in self._free:
+        if step.num_drafted and key is not None:
             self._estimates[key].update(step.num_drafted, step.num_accepted)
             if predicted_draft > 0 and key[0] in self._draft_scale:
                 self._draft_scale[key[0]].update(step.draft_ms, predicted_draft)
