@@ -331,7 +331,7 @@ def _fit(draft: Draft | TreeDraft, max_k: int, max_branches: int) -> Draft | Tre
         branches = tuple(b[:max_k] for b in draft.branches if max_k > 0 and len(b))[:max_branches]
         if len(branches) > 1:
             return TreeDraft(branches, draft.source, draft.score)
-        return Draft(branches[0] if branches else (), None, draft.source, draft.score)
+        return Draft(branches[0] if branches else (), None, draft.source, draft.score)  # trees have no kind
     return draft.truncated(max_k)
 
 

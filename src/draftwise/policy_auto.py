@@ -41,6 +41,12 @@ DRAFT_MODEL_PRIOR = 0.7
 # token the policy learns how far to trust either (a single drafter is always ALONE).
 ALONE, AGREE, CONFLICT = 0, 1, 2
 RELATION_NAMES = ("", "+agree", "+conflict")
+# Smoothing of the observed/calibrated target time: machine load (all steps), and the
+# per-batch-size correction of the calibrated curve. Replaying the suite's answers under
+# 15% per-step timing noise (scripts/replay_drafters.py --noise 0.15), a per-size scale
+# with alpha 0.3 lost 2 points of speedup to noisy choices against the noise-free replay.
+LOAD_ALPHA = 0.1
+SHAPE_ALPHA = 0.03
 # Proposals awaiting the committed tokens that score them (shadow scoring), at most.
 MAX_SHADOWS = 64
 
@@ -132,8 +138,12 @@ class AutoPolicy:
         self.calibrate = calibrate
         self._drafters: list[Drafter] = []
         self._estimates: dict[tuple[str, int, int], AcceptanceEstimate] = {}
-        self._target_scale = _Scale()  # all batch sizes: machine load
-        self._target_scale_n: dict[int, _Scale] = {}  # per batch size: context length effects
+        # Observed target time = calibrated(n) x load x shape(n). The load (the shared machine
+        # speeding up or slowing down) moves fast; shape(n), how far the calibration is off
+        # for one batch size relative to a plain step (shape(1) = 1), is a property of the
+        # model and moves slowly, so a few noisy verifications cannot swing the choice of k.
+        self._target_scale = _Scale(alpha=LOAD_ALPHA)
+        self._target_shape: dict[int, _Scale] = {}
         self._draft_scale: dict[str, _Scale] = {}
         # (estimate key the verdict updates, calibrated draft ms): a key only for a model
         # drafter; free drafters' estimates are updated by shadow scoring instead.
@@ -167,8 +177,8 @@ class AutoPolicy:
 
     def _target_ms(self, n: int) -> float:
         """Calibrated cost, corrected by observed/predicted ratios (per n once seen)."""
-        scale = self._target_scale_n.get(n)
-        return self.target_cost.ms(n) * (scale.value if scale is not None else self._target_scale.value)
+        shape = self._target_shape.get(n)
+        return self.target_cost.ms(n) * self._target_scale.value * (shape.value if shape is not None else 1.0)
 
     # ---------------------------------------------------------------- planning
     def _score_shadows(self, context: Sequence[int]) -> None:
@@ -213,7 +223,9 @@ class AutoPolicy:
             others = [d.token_ids[0] for o, d in proposals if o is not drafter]
             relation = ALONE if not others else AGREE if all(t == draft.token_ids[0] for t in others) else CONFLICT
             bucket = ngram_bucket(draft.score)
-            key = (drafter.name, bucket, relation)
+            # A drafter with several sources (suffix: live context, history) gets an estimate
+            # per source: a history match of the same length is right less often.
+            key = (f"{drafter.name}:{draft.kind}" if draft.kind else drafter.name, bucket, relation)
             est = self._estimate(key, NGRAM_PRIORS[bucket])
             self._shadows.append(_Shadow(key, len(state.context), tuple(draft.token_ids)))
             expected = est.expected_tokens(len(draft))
@@ -266,11 +278,11 @@ class AutoPolicy:
         n = step.num_drafted + 1
         if step.num_branches == 1:
             calibrated = self.target_cost.ms(n)
-            self._target_scale.update(step.verify_ms, calibrated)
-            scale_n = self._target_scale_n.get(n)
-            if scale_n is None:
-                scale_n = self._target_scale_n[n] = _Scale(alpha=0.3, value=self._target_scale.value)
-            scale_n.update(step.verify_ms, calibrated)
+            shape = self._target_shape.get(n)
+            self._target_scale.update(step.verify_ms, calibrated * (shape.value if shape is not None else 1.0))
+            if n > 1:  # shapes are relative to a plain step, which defines the load
+                shape = self._target_shape.setdefault(n, _Scale(alpha=SHAPE_ALPHA))
+                shape.update(step.verify_ms, calibrated * self._target_scale.value)
         if step.num_drafted and key is not None:
             self._estimates[key].update(step.num_drafted, step.num_accepted)
             if predicted_draft > 0 and key[0] in self._draft_scale:

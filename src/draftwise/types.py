@@ -97,6 +97,9 @@ class Draft:
     draft_probs: np.ndarray | None = None  # [k', V] float64, or None
     source: str = ""
     score: float = 0.0  # drafter-specific confidence (n-gram: length of the matched suffix)
+    # Which of a drafter's sources the proposal came from (suffix: "live" context or
+    # "history"); the auto policy estimates acceptance separately for each kind.
+    kind: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "token_ids", tuple(int(t) for t in self.token_ids))
@@ -112,7 +115,7 @@ class Draft:
         if len(self.token_ids) <= k:
             return self
         probs = None if self.draft_probs is None else self.draft_probs[:k]
-        return Draft(self.token_ids[:k], probs, self.source, self.score)
+        return Draft(self.token_ids[:k], probs, self.source, self.score, self.kind)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import pytest
 from draftwise.backends.toy import ToyBackend, ToyModel
 from draftwise.drafters.continuation import frequency_walk
 from draftwise.drafters.datastore import DatastoreDrafter, build_datastore, suffix_array
-from draftwise.drafters.suffix import SuffixDrafter
+from draftwise.drafters.suffix import LIVE_BONUS, SuffixDrafter
 from draftwise.engine import Engine
 from draftwise.types import SamplingParams, SpeculationConfig
 
@@ -41,6 +41,23 @@ def test_suffix_drafter_no_match_and_tie_prefers_longer_match():
     d.propose([8, 1, 2, 3, 50], 1)
     # The longer backward match (8, 1, 2, 3) decides, despite the tie in frequency.
     assert d.propose([0, 8, 1, 2, 3], 1).token_ids == (50,)
+
+
+def test_suffix_drafter_prefers_the_live_context_over_a_slightly_longer_history_match():
+    d = SuffixDrafter(min_n=2)
+    d.propose([7, 1, 2, 3, 40], 1)  # history: (7, 1, 2, 3) -> 40
+    context = [5, 1, 2, 3, 50, 6, 7, 1, 2, 3]  # live: (1, 2, 3) -> 50, history matches 4 tokens
+    draft = d.propose(context, 1)
+    assert draft.token_ids == (50,) and draft.kind == "live" and draft.score == 3
+
+
+def test_suffix_drafter_takes_a_much_longer_history_match():
+    d = SuffixDrafter(min_n=2)
+    earlier = list(range(100, 100 + LIVE_BONUS + 4))
+    d.propose([*earlier, 40], 1)
+    context = [earlier[-2], earlier[-1], 50, 0, *earlier]  # live matches 2 tokens, history all
+    draft = d.propose(context, 1)
+    assert draft.token_ids == (40,) and draft.kind == "history" and draft.score == len(earlier)
 
 
 def test_suffix_drafter_evicts_oldest_history():
@@ -192,9 +209,13 @@ def test_suffix_match_length_equals_brute_force(history, context):
         drafter.match(doc)
     drafter.match([99])  # retire the last one
     _, length = drafter.match(context)
-    # Occurrences may lie in history or earlier in the live context (before its last token).
-    expected, _ = _longest_suffix_in(context, [*history, context], 2, 64)
+    # Occurrences may lie in history or earlier in the live context (before its last token);
+    # the live one wins unless history's is longer by more than LIVE_BONUS.
+    live, _ = _longest_suffix_in(context, [context], 2, 64)
+    past, _ = _longest_suffix_in(context, history, 2, 64)
+    expected = live if live and live + LIVE_BONUS >= past else past
     assert length == expected
+    assert drafter.last_kind == ("" if not expected else "live" if expected == live and live + LIVE_BONUS >= past else "history")
 
 
 @settings(max_examples=60, deadline=None)

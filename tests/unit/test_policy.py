@@ -118,6 +118,20 @@ def test_observed_costs_rescale_predictions():
     assert policy.snapshot()["target_cost_ms"][1] == pytest.approx(20.0, rel=0.02)
 
 
+def test_a_persistent_slowdown_moves_every_size_and_a_few_slow_steps_move_little():
+    policy = AutoPolicy(target_cost=CostCurve.linear(10.0, 10.0))
+    policy.begin([], SpeculationConfig())
+    for _ in range(200):  # plain steps: the machine runs 2x slower...
+        policy.plan(PlanState(context=[1], max_k=32))
+        policy.observe(step("none", 0, 0, verify_ms=20.0))
+    assert policy.snapshot()["target_cost_ms"][8] == pytest.approx(160.0, rel=0.02)  # ...for batches too
+    for _ in range(3):  # three 4-token verifications 1.5x slower than predicted
+        policy._last = (None, 0.0)
+        policy.observe(step("ngram", 3, 3, verify_ms=1.5 * 80.0))
+    # A per-size scale with alpha 0.3 (before) would predict +33% for 4 tokens; now +17%.
+    assert policy.snapshot()["target_cost_ms"][4] < 1.2 * 80.0
+
+
 def test_marginal_gain_is_not_taken():
     # n-gram proposal with a prior that predicts ~2% more tokens/s than plain: stay plain.
     policy = AutoPolicy(target_cost=CostCurve(((1, 30.0), (2, 51.0), (3, 80.0), (32, 900.0))))
@@ -193,8 +207,8 @@ class Fixed:
 
     free = True
 
-    def __init__(self, name, tokens, score=8.0):
-        self.name, self.tokens, self.score = name, tuple(tokens), score
+    def __init__(self, name, tokens, score=8.0, kind=""):
+        self.name, self.tokens, self.score, self.kind = name, tuple(tokens), score, kind
 
     def begin(self, *args):
         pass
@@ -202,7 +216,7 @@ class Fixed:
     def propose(self, context, max_tokens):
         from draftwise.types import Draft
 
-        return Draft(self.tokens[:max_tokens], source=self.name, score=self.score)
+        return Draft(self.tokens[:max_tokens], source=self.name, score=self.score, kind=self.kind)
 
 
 def test_agreeing_and_conflicting_lookups_are_estimated_apart():
@@ -230,3 +244,22 @@ def test_agreeing_and_conflicting_lookups_are_estimated_apart():
     assert conflict.trials and conflict.hits[0] == 0.0
     assert not policy._estimates[("a", bucket, ALONE)].trials
     assert "a/%d+conflict" % bucket in policy.snapshot()["acceptance"]
+
+
+def test_each_kind_of_proposal_has_its_own_estimate():
+    from draftwise.policy_auto import ALONE, ngram_bucket
+
+    bucket = ngram_bucket(8.0)
+    policy = AutoPolicy(target_cost=CostCurve.linear(30.0, 28.0))
+    history = Fixed("suffix", [5, 6], kind="history")
+    policy.begin([history], SpeculationConfig())
+    for _ in range(3):  # history proposals are wrong...
+        policy.plan(PlanState(context=[1], max_k=4))
+        policy.plan(PlanState(context=[1, 4], max_k=4))
+        policy.begin([history], SpeculationConfig())
+    assert policy._estimates[("suffix:history", bucket, ALONE)].hits[0] == 0.0
+    # ...which says nothing about live-context proposals of the same drafter and length.
+    policy.begin([Fixed("suffix", [5, 6], kind="live")], SpeculationConfig())
+    policy.plan(PlanState(context=[1], max_k=4))
+    assert not policy._estimates[("suffix:live", bucket, ALONE)].trials
+    assert f"suffix:history/{bucket}" in policy.snapshot()["acceptance"]
