@@ -34,7 +34,8 @@ def main() -> None:
     ap.add_argument("--sets", default=DEFAULT_SETS, help=f"drafter sets to replay (default {DEFAULT_SETS})")
     ap.add_argument("--datastore", help="a datastore for sets that name 'datastore'")
     ap.add_argument("--categories", default="", help="only these categories (comma-separated)")
-    ap.add_argument("--no-lookup-time", action="store_true", help="count lookups as free (deterministic)")
+    ap.add_argument("--no-lookup-time", action="store_true",
+                    help="count lookups as free and never back off from them: deterministic")
     ap.add_argument("--noise", type=float, default=0.0,
                     help="log-normal sigma of per-step timing noise, as on a shared machine (default 0)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the timing noise")
@@ -48,12 +49,16 @@ def main() -> None:
     from draftwise.calibrate import CostCurve
     from draftwise.drafters.ngram import NgramDrafter
     from draftwise.drafters.suffix import SuffixDrafter
+    from draftwise import policy_auto
     from draftwise.policy import PlanState
     from draftwise.policy_auto import AutoPolicy
     from draftwise.types import SpeculationConfig, StepStats
 
     rng = random.Random(args.seed)
-    results = json.load(open(args.results))
+    with open(args.results) as f:
+        results = json.load(f)
+    if args.no_lookup_time:  # the back-off reacts to measured lookup time, which varies
+        policy_auto.LOOKUP_SHARE = float("inf")
     calibration = results["meta"].get("calibration", {}).get("target")
     if not calibration:
         raise SystemExit("this results file has no calibration in its meta (run it with an auto method)")
@@ -128,6 +133,8 @@ def main() -> None:
         print(cat.ljust(14) + "".join(cells))
     print("all".ljust(14) + "".join(
         f"{math.exp(sum(map(math.log, overall[n])) / len(overall[n])):.3f}".rjust(width) for n in names))
+    if not args.no_lookup_time:
+        print("lookup ms (smoothed, last):", {n: policies[n].snapshot()["lookup_ms"] for n in names})
 
 
 if __name__ == "__main__":

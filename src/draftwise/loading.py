@@ -1,8 +1,8 @@
 """Build backends, drafters and an Engine from user-facing names (CLI, bench, server).
 
 A model is a registry name (fetched on first use), a GGUF file or a transformers
-model directory. Drafters are named "ngram", "none", or a draft model; several can be
-given comma-separated ("ngram,qwen2.5-coder-0.5b-instruct") for the auto policy.
+model directory. Drafters are named "ngram", "suffix", "none", or a draft model; several
+can be given comma-separated ("ngram,qwen2.5-coder-0.5b-instruct") for the auto policy.
 """
 
 from __future__ import annotations
@@ -78,6 +78,24 @@ def parse_drafters(spec: str | None) -> list[str]:
     return names
 
 
+FREE_DRAFTERS = ("ngram", "suffix")
+
+
+def free_drafter(name: str, options: LoadOptions = LoadOptions()):
+    """A free (lookup) drafter by name: "ngram" or "suffix"."""
+    if name == "ngram":
+        return NgramDrafter(options.ngram_min, options.ngram_max)
+    if name == "suffix":
+        return SuffixDrafter()
+    raise ConfigError(f"unknown free drafter {name!r}; choose from {', '.join(FREE_DRAFTERS)}")
+
+
+def datastore_drafter(path: str):
+    from draftwise.drafters.datastore import DatastoreDrafter
+
+    return DatastoreDrafter(path)
+
+
 def load_engine(
     target: str = models.DEFAULT_TARGET,
     draft: str | None = "ngram",
@@ -94,17 +112,13 @@ def load_engine(
     drafters = []
     try:
         for name in drafter_names:
-            if name == "ngram":
-                drafters.append(NgramDrafter(options.ngram_min, options.ngram_max))
-            elif name == "suffix":
-                drafters.append(SuffixDrafter())
+            if name in FREE_DRAFTERS:
+                drafters.append(free_drafter(name, options))
             else:
                 draft_backend = load_backend(name, draft_options or replace(options, n_seq_max=1), progress)
                 drafters.append(ModelDrafter(draft_backend, name="draft"))
         if datastore:
-            from draftwise.drafters.datastore import DatastoreDrafter
-
-            drafters.append(DatastoreDrafter(datastore))
+            drafters.append(datastore_drafter(datastore))
         return Engine(target_backend, drafters, speculation=speculation)
     except BaseException:
         target_backend.close()

@@ -515,18 +515,15 @@ def load_bench_engine(target: str, draft_model: str | None, *, need_draft: bool,
     and after the draft model has too (mapped weights count once touched), so the draft
     model's memory overhead is the difference: target+draft minus target alone.
     """
-    from draftwise.drafters import ModelDrafter, NgramDrafter
-    from draftwise.drafters.suffix import SuffixDrafter
+    from draftwise.drafters import ModelDrafter
     from draftwise.engine import Engine
-    from draftwise.loading import load_backend
+    from draftwise.loading import FREE_DRAFTERS, datastore_drafter, free_drafter, load_backend
 
     memory = {"rss_start_mb": round(current_rss_mb(), 1)}
     target_backend = load_backend(target, options, progress)
-    free = [NgramDrafter(options.ngram_min, options.ngram_max), SuffixDrafter()]
+    free = [free_drafter(name, options) for name in FREE_DRAFTERS]
     if datastore:
-        from draftwise.drafters.datastore import DatastoreDrafter
-
-        free.append(DatastoreDrafter(datastore))
+        free.append(datastore_drafter(datastore))
     engine = Engine(target_backend, free)
     _touch(engine, None)
     memory["rss_target_mb"] = round(current_rss_mb(), 1)
