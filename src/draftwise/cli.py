@@ -1,4 +1,4 @@
-"""Command line: draftwise pull | generate | demo | calibrate | bench | serve.
+"""Command line: draftwise pull | generate | demo | calibrate | bench | replay | serve | index.
 
 A thin client of the public API. Bad arguments end with a one-line message and a
 non-zero exit status, never a traceback.
@@ -426,6 +426,77 @@ def calibrate(draft, thorough, refresh, target, backend, n_ctx, threads, dtype, 
 @main.group()
 def index() -> None:
     """Build retrieval datastores for the datastore drafter (--datastore)."""
+
+
+@main.command()
+@click.argument("results_path", metavar="RESULTS", type=click.Path(exists=True))
+@click.option("--drafters", "sets", default="ngram,suffix,ngram+suffix", show_default=True,
+              help="Drafter sets to replay, comma-separated; '+' joins drafters into one auto set.")
+@click.option("--datastore", default=None, help="A datastore for sets that name 'datastore'.")
+@click.option("--categories", default=None, help="Only these categories, comma-separated.")
+@click.option("--free-lookups", is_flag=True, help="Count lookups as free (and never back off): deterministic.")
+@click.option("--noise", type=float, default=0.0, show_default=True,
+              help="Log-normal sigma of per-step timing noise, e.g. 0.15 for a shared machine.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the timing noise.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@friendly_errors
+def replay(results_path, sets, datastore, categories, free_lookups, noise, seed, as_json) -> None:
+    """Replay a bench run's baseline answers through the auto policy and free drafters (no model run).
+
+    RESULTS is a bench --out directory or its results.json; its greedy baseline answers and
+    calibrated cost curve are used. Prints tokens/step and speedup per category and set.
+    """
+    from draftwise.bench import prompts as bench_prompts
+    from draftwise.bench import replay as bench_replay
+    from draftwise.bench.runner import load_results
+    from draftwise.loading import FREE_DRAFTERS, LoadOptions, datastore_drafter, free_drafter, load_backend
+    from draftwise.types import ConfigError
+
+    path = Path(results_path)
+    results = load_results(path / "results.json" if path.is_dir() else path)
+    answers = bench_replay.baseline_answers(results)
+    curve = bench_replay.calibrated_curve(results)
+    meta = results.get("meta", {})
+    source = str(meta.get("prompts", ""))
+    pool = (bench_prompts.load_suite(source.removeprefix("suite ")) if source.startswith("suite ")
+            else bench_prompts.load_prompts(source))
+    chosen = bench_prompts.filter_categories(pool, [c.strip() for c in categories.split(",")] if categories else None)
+
+    def make(name: str):
+        if name == "datastore":
+            if not datastore:
+                raise ConfigError("a set names 'datastore' but no --datastore was given")
+            return datastore_drafter(datastore)
+        if name not in FREE_DRAFTERS:
+            raise ConfigError(f"replay covers the free drafters ({', '.join(FREE_DRAFTERS)}, datastore), got {name!r}")
+        return free_drafter(name)
+
+    drafter_sets = {s.strip(): [make(n.strip()) for n in s.split("+")] for s in sets.split(",") if s.strip()}
+    if not drafter_sets:
+        raise ConfigError("--drafters names no drafter set")
+    backend = load_backend(meta.get("target", models.DEFAULT_TARGET),
+                           LoadOptions(backend=meta.get("backend", "auto"), n_ctx=256))
+    try:
+        runs = bench_replay.replay(chosen, answers, backend.tokenizer, drafter_sets, curve,
+                                   count_lookups=not free_lookups, noise=noise, seed=seed)
+    finally:
+        backend.close()
+    summary = bench_replay.summarize(runs)
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"replay of {path}: tokens/step · speedup vs plain",
+                  caption=f"cost curve, ms by tokens per forward: {dict(curve.points)}")
+    table.add_column("category")
+    for name in drafter_sets:
+        table.add_column(name, justify="right")
+    for category, by_set in summary.items():
+        table.add_row(category, *(f"{by_set[n]['tokens_per_step']:.2f} · {by_set[n]['speedup']:.3f}x"
+                                  for n in drafter_sets))
+    Console(width=160).print(table)
 
 
 def _build_index(texts, out, target, max_tokens) -> None:

@@ -42,7 +42,7 @@ DRAFT_MODEL_PRIOR = 0.7
 # overall and 3 on summarization, and fell below its best member; without it, it equals it.
 # Smoothing of the observed/calibrated target time: machine load (all steps), and the
 # per-batch-size correction of the calibrated curve. Replaying the suite's answers under
-# 15% per-step timing noise (scripts/replay_drafters.py --noise 0.15), a per-size scale
+# 15% per-step timing noise (`draftwise replay --noise 0.15`), a per-size scale
 # with alpha 0.3 lost 2 points of speedup to noisy choices against the noise-free replay.
 LOAD_ALPHA = 0.1
 SHAPE_ALPHA = 0.03
@@ -129,8 +129,9 @@ class AutoPolicy:
 
     def __init__(self, target=None, *, target_cost: CostCurve | None = None,
                  draft_costs: dict[str, CostCurve] | None = None, max_k: int = MAX_K,
-                 calibrate: bool = True) -> None:
+                 calibrate: bool = True, lookup_share: float = LOOKUP_SHARE) -> None:
         self.target = target
+        self.lookup_share = lookup_share
         self.target_cost = target_cost
         self.draft_costs = dict(draft_costs or {})
         self.max_k = max_k
@@ -258,7 +259,7 @@ class AutoPolicy:
                 drafter.min_confidence = min(0.95, max(0.0, marginal_ms / plain_ms) * 0.5)
         for drafter in consulted:
             name = drafter.name
-            if best.drafter is drafter or self._lookup_ms[name] <= LOOKUP_SHARE * plain_ms:
+            if best.drafter is drafter or self._lookup_ms[name] <= self.lookup_share * plain_ms:
                 self._backoff[name] = 0
             else:
                 self._backoff[name] = min(MAX_BACKOFF, max(1, 2 * self._backoff.get(name, 0)))

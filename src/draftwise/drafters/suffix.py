@@ -107,7 +107,7 @@ class SuffixDrafter:
         A match in the live context wins unless history's is over LIVE_BONUS tokens longer:
         a text mostly copies from itself (the document being edited, the earlier turns),
         and a slightly longer match in another request's text is usually boilerplate that
-        continues differently. Replaying the full suite's answers (scripts/replay_drafters.py),
+        continues differently. Replaying the full suite's answers (`draftwise replay`),
         longest-anywhere lost 5 points of speedup on code_edit against this rule.
         """
         self._sync(context)

@@ -1,0 +1,143 @@
+"""Replay a bench run's baseline answers through the auto policy and free drafters, without the model.
+
+Greedy decoding commits the target's argmax, so the baseline's answer is what a
+speculative run commits too (up to llama.cpp's batched near-tie flips, DESIGN.md
+section 7). Replaying it step by step with the real AutoPolicy and drafters, and the
+run's calibrated cost curve in place of the target's timings, shows what each drafter
+set would have drafted, got accepted and cost: the same decisions on every run, no
+timing noise, seconds instead of a half-hour bench. History drafters (suffix) keep
+their state across prompts in suite order, as in the bench. On this machine the
+replay's speedups land within a few points of the measured ones (docs/bench/README.md).
+
+A step that verifies d draft tokens costs curve(d + 1); a plain step curve(1). Lookup
+time is measured and added unless `count_lookups=False`, which also stops the policy
+backing off from costly lookups (that reacts to measured time): fully deterministic.
+`noise` multiplies each step's time by a log-normal factor, as on a shared machine, to
+see how the policy's choices suffer from noisy timings.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from draftwise.bench.prompts import Prompt
+from draftwise.calibrate import CostCurve
+from draftwise.drafters.base import Drafter
+from draftwise.types import ConfigError, SpeculationConfig, StepStats
+
+
+@dataclass(frozen=True)
+class ReplayRun:
+    """One answer replayed with one drafter set."""
+
+    category: str
+    question_id: int
+    turn: int
+    drafters: str
+    num_tokens: int
+    num_steps: int
+    ms: float  # modelled decode time
+    plain_ms: float  # the same answer decoded plainly
+
+    @property
+    def speedup(self) -> float:
+        return self.plain_ms / self.ms
+
+
+def baseline_answers(results: dict) -> dict[tuple[int, int], str]:
+    """(question_id, turn) -> the greedy baseline's text, from a bench results.json."""
+    out = {}
+    for r in results.get("records", []):
+        if (r.get("method") == "baseline" and not r.get("error") and r.get("temperature", 0) == 0
+                and r.get("context_tokens") is None):
+            out[(r["question_id"], r["turn"])] = r["text"]
+    if not out:
+        raise ConfigError("the results hold no greedy baseline answers to replay (run the bench with 'baseline')")
+    return out
+
+
+def calibrated_curve(results: dict) -> CostCurve:
+    points = results.get("meta", {}).get("calibration", {}).get("target")
+    if not points:
+        raise ConfigError("the results hold no calibrated cost curve (run the bench with an auto method)")
+    return CostCurve(tuple(sorted((int(n), float(ms)) for n, ms in points.items())))
+
+
+def replay(prompts: Sequence[Prompt], answers: Mapping[tuple[int, int], str], tokenizer,
+           drafter_sets: Mapping[str, Sequence[Drafter]], curve: CostCurve, *, count_lookups: bool = True,
+           noise: float = 0.0, seed: int = 0) -> list[ReplayRun]:
+    """Replay every answered turn of `prompts` with each drafter set under its own AutoPolicy.
+
+    Example: an answer that copies a code block from its prompt replays at over one token
+    per step with {"ngram": [NgramDrafter()]} and exactly one with a set that never matches.
+    """
+    from draftwise.policy import PlanState
+    from draftwise.policy_auto import LOOKUP_SHARE, AutoPolicy
+
+    share = LOOKUP_SHARE if count_lookups else math.inf
+    policies = {name: AutoPolicy(target_cost=curve, calibrate=False, lookup_share=share) for name in drafter_sets}
+    rng = random.Random(seed)
+    runs: list[ReplayRun] = []
+    for prompt in prompts:
+        history: list[dict] = []
+        for turn, text in enumerate(prompt.turns):
+            answer = answers.get((prompt.question_id, turn))
+            if answer is None:
+                break
+            messages = [*history, {"role": "user", "content": text}]
+            prompt_ids = tokenizer.encode(tokenizer.apply_chat_template(messages), add_special=True)
+            answer_ids = tokenizer.encode(answer, add_special=False)
+            history = [*messages, {"role": "assistant", "content": answer}]
+            for name, drafters in drafter_sets.items():
+                steps, ms = _replay_one(policies[name], drafters, prompt_ids, answer_ids, curve, count_lookups,
+                                        noise, rng, PlanState)
+                runs.append(ReplayRun(prompt.category, prompt.question_id, turn, name, len(answer_ids), steps,
+                                      ms, len(answer_ids) * curve.ms(1)))
+    return runs
+
+
+def _replay_one(policy, drafters, prompt_ids, answer_ids, curve, count_lookups, noise, rng, PlanState):
+    policy.begin(drafters, SpeculationConfig())
+    steps, ms, pos = 0, 0.0, 0
+    while pos < len(answer_ids):
+        context = prompt_ids + answer_ids[:pos]
+        t0 = time.perf_counter()
+        plan = policy.plan(PlanState(context=context, max_k=len(answer_ids) - pos - 1))
+        draft = plan.draft
+        if draft is None and plan.drafter is not None and plan.k > 0:
+            draft = plan.drafter.propose(context, plan.k)
+        lookup_ms = 1000 * (time.perf_counter() - t0) if count_lookups else 0.0
+        proposal = draft.token_ids[: plan.k] if draft is not None else ()
+        accepted = 0
+        while accepted < len(proposal) and proposal[accepted] == answer_ids[pos + accepted]:
+            accepted += 1
+        verify_ms = curve.ms(len(proposal) + 1) * (rng.lognormvariate(0.0, noise) if noise else 1.0)
+        policy.observe(StepStats(drafter=plan.drafter.name if proposal else "none", num_drafted=len(proposal),
+                                 num_accepted=accepted, num_committed=accepted + 1, draft_ms=lookup_ms,
+                                 verify_ms=verify_ms, planned_k=plan.k))
+        steps += 1
+        ms += lookup_ms + verify_ms
+        pos += accepted + 1
+    return steps, ms
+
+
+def summarize(runs: Sequence[ReplayRun]) -> dict[str, dict[str, dict[str, float]]]:
+    """category ("all" too) -> drafter set -> tokens_per_step (pooled) and speedup (geometric mean)."""
+    groups: dict[tuple[str, str], list[ReplayRun]] = defaultdict(list)
+    for run in runs:
+        groups[(run.category, run.drafters)].append(run)
+    for run in runs:  # "all" comes last
+        groups[("all", run.drafters)].append(run)
+    out: dict[str, dict[str, dict[str, float]]] = defaultdict(dict)
+    for (category, name), group in groups.items():
+        out[category][name] = {
+            "tokens_per_step": sum(r.num_tokens for r in group) / sum(r.num_steps for r in group),
+            "speedup": math.exp(sum(math.log(r.speedup) for r in group) / len(group)),
+            "turns": len(group),
+        }
+    return dict(out)

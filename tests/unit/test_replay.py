@@ -1,0 +1,96 @@
+"""Replay of recorded answers through the auto policy (draftwise replay)."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from draftwise.backends.toy import CharTokenizer
+from draftwise.bench.prompts import Prompt
+from draftwise.bench.replay import ReplayRun, baseline_answers, calibrated_curve, replay, summarize
+from draftwise.calibrate import CostCurve
+from draftwise.cli import main
+from draftwise.drafters import NgramDrafter
+from draftwise.drafters.suffix import SuffixDrafter
+from draftwise.types import ConfigError
+
+CODE = "def area(w, h):\n    return w * h\n\ndef perimeter(w, h):\n    return 2 * (w + h)\n"
+PROMPTS = [
+    Prompt(1, "code_edit", ("Add nothing, repeat this code:\n" + CODE,)),
+    Prompt(2, "chat", ("Say hi.", "Again?")),
+]
+ANSWERS = {(1, 0): CODE, (2, 0): "hi there", (2, 1): "hi there again"}
+# Verification is cheap per extra token here, so copying pays.
+CURVE = CostCurve(((1, 30.0), (2, 33.0), (32, 120.0)))
+
+
+def sets():
+    return {"ngram": [NgramDrafter()], "suffix": [SuffixDrafter()], "none": []}
+
+
+def test_copying_answer_replays_faster_and_is_deterministic():
+    tok = CharTokenizer(96)
+    runs = replay(PROMPTS, ANSWERS, tok, sets(), CURVE, count_lookups=False)
+    again = replay(PROMPTS, ANSWERS, tok, sets(), CURVE, count_lookups=False)
+    assert runs == again
+    by = {(r.question_id, r.turn, r.drafters): r for r in runs}
+    copy = by[(1, 0, "ngram")]
+    assert copy.num_tokens == len(CODE) and copy.num_steps < copy.num_tokens / 2 and copy.speedup > 1.5
+    assert by[(1, 0, "none")].num_steps == len(CODE) and by[(1, 0, "none")].speedup == pytest.approx(1.0)
+    assert {(r.question_id, r.turn) for r in runs} == {(1, 0), (2, 0), (2, 1)}  # every turn, in order
+    summary = summarize(runs)
+    assert summary["code_edit"]["ngram"]["tokens_per_step"] > 2
+    assert summary["all"]["none"]["speedup"] == pytest.approx(1.0)
+    assert summary["all"]["ngram"]["turns"] == 3
+
+
+def test_noise_is_seeded():
+    tok = CharTokenizer(96)
+    a = replay(PROMPTS, ANSWERS, tok, sets(), CURVE, count_lookups=False, noise=0.2, seed=1)
+    b = replay(PROMPTS, ANSWERS, tok, sets(), CURVE, count_lookups=False, noise=0.2, seed=1)
+    c = replay(PROMPTS, ANSWERS, tok, sets(), CURVE, count_lookups=False, noise=0.2, seed=2)
+    assert a == b and a != c
+
+
+def test_speedup_is_plain_time_over_replayed_time():
+    assert ReplayRun("c", 1, 0, "x", 10, 5, 150.0, 300.0).speedup == 2.0
+
+
+def test_results_without_baseline_or_calibration_are_refused():
+    with pytest.raises(ConfigError, match="baseline"):
+        baseline_answers({"records": [{"method": "auto", "question_id": 1, "turn": 0, "text": "x"}]})
+    with pytest.raises(ConfigError, match="cost curve"):
+        calibrated_curve({"meta": {}})
+
+
+def _results(tmp_path, target):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(p.to_dict()) + "\n" for p in PROMPTS))
+    records = [{"method": "baseline", "question_id": q, "turn": t, "text": text, "temperature": 0.0,
+                "context_tokens": None, "error": None} for (q, t), text in ANSWERS.items()]
+    results = {"format": "draftwise-bench/1", "records": records,
+               "meta": {"target": target, "prompts": str(prompts), "backend": "auto",
+                        "calibration": {"target": {"1": 30.0, "2": 33.0, "32": 120.0}}}}
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    return tmp_path
+
+
+def test_cli_replay_prints_a_table_and_json(tiny_gguf_dir, tmp_path):
+    out = _results(tmp_path, str(tiny_gguf_dir / "target.gguf"))
+    result = CliRunner().invoke(main, ["replay", str(out), "--drafters", "ngram,ngram+suffix", "--free-lookups",
+                                       "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    assert set(summary) == {"code_edit", "chat", "all"} and set(summary["all"]) == {"ngram", "ngram+suffix"}
+    table = CliRunner().invoke(main, ["replay", str(out / "results.json"), "--categories", "code_edit"])
+    assert table.exit_code == 0 and "code_edit" in table.output and "chat" not in table.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--drafters", "draft"], "free drafters"),
+    (["--drafters", "datastore"], "--datastore"),
+])
+def test_cli_replay_bad_arguments(tiny_gguf_dir, tmp_path, args, message):
+    out = _results(tmp_path, str(tiny_gguf_dir / "target.gguf"))
+    result = CliRunner().invoke(main, ["replay", str(out), *args])
+    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
