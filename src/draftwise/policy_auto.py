@@ -22,7 +22,7 @@ from draftwise.backends.base import common_prefix_length
 from draftwise.calibrate import CostCurve, load_or_measure
 from draftwise.drafters.base import Drafter
 from draftwise.policy import Plan, PlanState
-from draftwise.types import Draft, SpeculationConfig, StepStats
+from draftwise.types import SpeculationConfig, StepStats
 
 MAX_K = 32
 # Speculate only when the expected rate beats plain decoding by this factor: estimates are
@@ -36,14 +36,17 @@ MAX_BACKOFF = 8
 NGRAM_BUCKETS = (1, 2, 3, 4, 5, 8, 16, 32)
 NGRAM_PRIORS = (0.25, 0.35, 0.45, 0.5, 0.6, 0.7, 0.8, 0.9)
 DRAFT_MODEL_PRIOR = 0.7
-# NOTE: each free drafter's estimate is its own, whatever the other lookups propose. Keying
-# estimates also by agreement with the other lookups (stop 9) split them into slowly
-# learned parts: replayed on the full suite, the three-lookup set lost 1 point of speedup
-# overall and 3 on summarization, and fell below its best member; without it, it equals it.
+# ESTIMATE_KEYS: a free drafter's estimate is keyed by its name, proposal kind and match
+# length only, whatever the other lookups propose. Keying it also by agreement with the
+# other lookups (stop 9) split it into slowly learned parts: replayed on the full suite,
+# the three-lookup set lost 1 point of speedup overall and 3 on summarization, and fell
+# below its best member; without it, it equals it.
+
 # Smoothing of the observed/calibrated target time: machine load (all steps), and the
 # per-batch-size correction of the calibrated curve. Replaying the suite's answers under
 # 15% per-step timing noise (`draftwise replay --noise 0.15`), a per-size scale
-# with alpha 0.3 lost 2 points of speedup to noisy choices against the noise-free replay.
+# with alpha 0.3 lost 2 points of speedup to noisy choices against the noise-free replay;
+# this split lost 1 (measured runs here, whose noise is not per-step, did not change).
 LOAD_ALPHA = 0.1
 SHAPE_ALPHA = 0.03
 # Proposals awaiting the committed tokens that score them (shadow scoring), at most.
@@ -175,10 +178,13 @@ class AutoPolicy:
             est = self._estimates[key] = AcceptanceEstimate(prior=prior)
         return est
 
-    def _target_ms(self, n: int) -> float:
-        """Calibrated cost, corrected by observed/predicted ratios (per n once seen)."""
+    def _shape(self, n: int) -> float:
         shape = self._target_shape.get(n)
-        return self.target_cost.ms(n) * self._target_scale.value * (shape.value if shape is not None else 1.0)
+        return shape.value if shape is not None else 1.0
+
+    def _target_ms(self, n: int) -> float:
+        """Calibrated cost, corrected by the observed load and (once seen) this size's shape."""
+        return self.target_cost.ms(n) * self._target_scale.value * self._shape(n)
 
     # ---------------------------------------------------------------- planning
     def _score_shadows(self, context: Sequence[int]) -> None:
@@ -203,7 +209,6 @@ class AutoPolicy:
         best_info: tuple = (None, 0.0)
         k_cap = min(self.max_k, state.max_k)
         consulted: list[Drafter] = []
-        proposals: list[tuple[Drafter, Draft]] = []
         for drafter in self._drafters if k_cap > 0 else ():
             if not drafter.free:
                 continue
@@ -217,12 +222,12 @@ class AutoPolicy:
             previous = self._lookup_ms.get(drafter.name, elapsed)
             self._lookup_ms[drafter.name] = previous + 0.2 * (elapsed - previous)
             consulted.append(drafter)
-            if len(draft):
-                proposals.append((drafter, draft))
-        for drafter, draft in proposals:
+            if not len(draft):
+                continue
             bucket = ngram_bucket(draft.score)
             # A drafter with several sources (suffix: live context, history) gets an estimate
-            # per source: a history match of the same length is right less often.
+            # per source: a history match of the same length is right less often. (It does not
+            # depend on what the other lookups propose: see ESTIMATE_KEYS.)
             key = (f"{drafter.name}:{draft.kind}" if draft.kind else drafter.name, bucket)
             est = self._estimate(key, NGRAM_PRIORS[bucket])
             self._shadows.append(_Shadow(key, len(state.context), tuple(draft.token_ids)))
@@ -276,8 +281,7 @@ class AutoPolicy:
         n = step.num_drafted + 1
         if step.num_branches == 1:
             calibrated = self.target_cost.ms(n)
-            shape = self._target_shape.get(n)
-            self._target_scale.update(step.verify_ms, calibrated * (shape.value if shape is not None else 1.0))
+            self._target_scale.update(step.verify_ms, calibrated * self._shape(n))
             if n > 1:  # shapes are relative to a plain step, which defines the load
                 shape = self._target_shape.setdefault(n, _Scale(alpha=SHAPE_ALPHA))
                 shape.update(step.verify_ms, calibrated * self._target_scale.value)

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from draftwise.bench.prompts import Prompt
 from draftwise.calibrate import CostCurve
 from draftwise.drafters.base import Drafter
+from draftwise.policy import PlanState
+from draftwise.policy_auto import LOOKUP_SHARE, AutoPolicy
 from draftwise.types import ConfigError, SpeculationConfig, StepStats
 
 
@@ -76,9 +78,6 @@ def replay(prompts: Sequence[Prompt], answers: Mapping[tuple[int, int], str], to
     Example: an answer that copies a code block from its prompt replays at over one token
     per step with {"ngram": [NgramDrafter()]} and exactly one with a set that never matches.
     """
-    from draftwise.policy import PlanState
-    from draftwise.policy_auto import LOOKUP_SHARE, AutoPolicy
-
     share = LOOKUP_SHARE if count_lookups else math.inf
     policies = {name: AutoPolicy(target_cost=curve, calibrate=False, lookup_share=share) for name in drafter_sets}
     rng = random.Random(seed)
@@ -95,13 +94,15 @@ def replay(prompts: Sequence[Prompt], answers: Mapping[tuple[int, int], str], to
             history = [*messages, {"role": "assistant", "content": answer}]
             for name, drafters in drafter_sets.items():
                 steps, ms = _replay_one(policies[name], drafters, prompt_ids, answer_ids, curve, count_lookups,
-                                        noise, rng, PlanState)
+                                        noise, rng)
                 runs.append(ReplayRun(prompt.category, prompt.question_id, turn, name, len(answer_ids), steps,
                                       ms, len(answer_ids) * curve.ms(1)))
     return runs
 
 
-def _replay_one(policy, drafters, prompt_ids, answer_ids, curve, count_lookups, noise, rng, PlanState):
+def _replay_one(policy: AutoPolicy, drafters: Sequence[Drafter], prompt_ids: list[int], answer_ids: list[int],
+                curve: CostCurve, count_lookups: bool, noise: float, rng: random.Random) -> tuple[int, float]:
+    """One answer under one policy: (target steps, modelled ms)."""
     policy.begin(drafters, SpeculationConfig())
     steps, ms, pos = 0, 0.0, 0
     while pos < len(answer_ids):
