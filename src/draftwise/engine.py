@@ -15,6 +15,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from draftwise.backends.base import Backend, sync_cache
+from draftwise.constraints import Grammar, compile_constraint, masked
 from draftwise.drafters.base import Drafter
 from draftwise.metrics import RequestStats
 from draftwise.policy import PlanState, Policy, make_policy
@@ -209,87 +210,50 @@ class Engine:
     def _run(self, prompt_ids: list[int], sampling: SamplingParams, speculation: SpeculationConfig,
              cancelled: Callable[[], bool] | None, gen: Generation, drafters: list[Drafter]) -> Iterator[str]:
         with self._lock:
-            stats = RequestStats(num_prompt_tokens=len(prompt_ids))
-            target = self.target
             drafters = drafters if speculation.enabled else []
-            policy = self.policy(speculation.policy, [d.name for d in drafters])
-            policy.begin(drafters, speculation)
+            req = _Request(
+                sampling=sampling, context=list(prompt_ids), rng=make_rng(sampling.seed),
+                policy=self.policy(speculation.policy, [d.name for d in drafters]),
+                stats=RequestStats(num_prompt_tokens=len(prompt_ids)),
+                grammar=None if sampling.constraint is None else compile_constraint(sampling.constraint, self.target),
+                fast_forward=speculation.enabled)
+            req.policy.begin(drafters, speculation)
             for drafter in drafters:
                 drafter.begin(sampling, speculation)
-            rng = make_rng(sampling.seed)
+            stats = req.stats
             decoder = _StreamDecoder(self.tokenizer)
             stop_hold = max((len(s) for s in sampling.stop), default=1) - 1
             emitted = 0
             stop_at: int | None = None
-            generated: list[int] = []
-            eos_ids = frozenset() if sampling.ignore_eos else self.tokenizer.eos_token_ids
+            # A constrained answer ends when its grammar does, whatever ignore_eos says.
+            eos_ids = self.tokenizer.eos_token_ids if not sampling.ignore_eos or req.grammar else frozenset()
 
             try:
                 # 1. Prefill: the target cache holds the prompt but its last token.
                 t0 = time.perf_counter()
-                stats.num_reused_tokens = sync_cache(target, prompt_ids[:-1])
+                stats.num_reused_tokens = sync_cache(self.target, prompt_ids[:-1])
                 stats.prefill_ms = 1000 * (time.perf_counter() - t0)
                 t_decode = time.perf_counter()
-                context = list(prompt_ids)
                 while not stats.finish_reason:
                     if cancelled is not None and cancelled():
                         stats.finish_reason = "cancelled"
                         break
-                    # 2. Plan: which drafter and how many tokens; never past the window or max_tokens.
-                    max_k = min(target.n_ctx - len(context), sampling.max_tokens - len(generated) - 1)
-                    if max_k < 0:
+                    new_ids = self._step(req)
+                    if new_ids is None:
                         stats.finish_reason = "length"
                         break
-                    # 3. Draft (draft_ms counts planning too: free drafters propose inside plan()).
-                    t_step = time.perf_counter()
-                    plan = policy.plan(PlanState(context=context, max_k=max_k, greedy=sampling.greedy))
-                    draft = plan.draft
-                    if draft is None:
-                        draft = plan.drafter.propose(context, plan.k) if plan.drafter is not None and plan.k > 0 else Draft()
-                    max_branches = getattr(target, "n_seq_max", 16) if sampling.greedy and hasattr(target, "extend_tree") else 1
-                    draft = _fit(draft, max_k, max_branches)
-                    t_verify = time.perf_counter()
-                    if isinstance(draft, TreeDraft):
-                        # 4'. Verify every branch in one target pass; keep the longest accepted one.
-                        branch_logits = target.extend_tree(context[-1], draft.branches)  # [k_b+1, V] each
-                        branch, verdict = greedy_verify_tree(draft.branches, [np.argmax(x, axis=-1) for x in branch_logits])
-                        target.commit_branch(branch, verdict.num_accepted)
-                        draft_ids = draft.branches[branch]
-                    else:
-                        # 4. Verify: one target forward over [last committed, d_1..d_k] -> k+1 rows.
-                        logits = target.extend([context[-1], *draft.token_ids])  # [k+1, V]
-                        if sampling.greedy:
-                            verdict = greedy_verify(draft.token_ids, np.argmax(logits, axis=-1))
-                        else:
-                            verdict = rejection_sample(draft, LazyTargetProbs(logits, sampling), rng)
-                        # 5. Commit: keep d_1..d_n in the cache, drop the rejected rest.
-                        target.truncate(len(context) + verdict.num_accepted)
-                        draft_ids = draft.token_ids
-                    t_end = time.perf_counter()
-                    new_ids = verdict.committed(draft_ids)
-                    step = StepStats(
-                        drafter=draft.source if len(draft) else "none",
-                        num_drafted=len(draft), num_accepted=verdict.num_accepted,
-                        num_committed=len(new_ids), draft_ms=1000 * (t_verify - t_step),
-                        verify_ms=1000 * (t_end - t_verify), planned_k=plan.k,
-                        num_branches=len(draft.branches) if isinstance(draft, TreeDraft) else 1,
-                    )
-                    stats.record(step)
-                    if plan.drafter is not None and len(draft):
-                        plan.drafter.accept(verdict.num_accepted)
-                    policy.observe(step)
                     # 6. Stop conditions, token by token, then stream the new text.
                     for token in new_ids:
                         if token in eos_ids:
                             stats.finish_reason = "stop"
                             stats.num_eos = 1
                             break
-                        generated.append(token)
-                        context.append(token)
-                        if len(generated) >= sampling.max_tokens:
+                        req.generated.append(token)
+                        req.context.append(token)
+                        if len(req.generated) >= sampling.max_tokens:
                             stats.finish_reason = "length"
                             break
-                    decoder.push(context[len(prompt_ids) + len(decoder.ids):])
+                    decoder.push(req.context[len(prompt_ids) + len(decoder.ids):])
                     if sampling.stop:
                         stop_at = _find_stop(decoder.text, sampling.stop, emitted - stop_hold)
                         if stop_at is not None:
@@ -307,20 +271,109 @@ class Engine:
                         stop_at = _find_stop(decoder.text, sampling.stop, emitted - stop_hold)
                 text = decoder.text if stop_at is None else decoder.text[:stop_at]
                 stats.decode_ms = 1000 * (time.perf_counter() - t_decode)
-                stats.num_generated = len(generated)
-                stats.policy = policy.snapshot()
+                stats.num_generated = len(req.generated)
+                stats.policy = req.policy.snapshot()
                 stats.num_draft_reused_tokens = sum(getattr(d, "num_reused_tokens", 0) for d in drafters)
+                if req.grammar is not None:
+                    stats.num_masks, stats.mask_ms = req.grammar.num_masks, req.grammar.mask_ms
                 if len(text) > emitted:
                     yield text[emitted:]
-                gen.result = Result(text=text, token_ids=generated, stats=stats, prompt_ids=prompt_ids)
+                gen.result = Result(text=text, token_ids=req.generated, stats=stats, prompt_ids=prompt_ids)
             except GeneratorExit:
                 # The consumer stopped iterating (a client went away): we sit between steps,
                 # so the caches are consistent and the next request can reuse them.
                 raise
             except BaseException:
                 # A failed request must not poison the next one: forget the cache contents.
-                target.reset()
+                self.target.reset()
                 raise
+
+    def _step(self, req: _Request) -> list[int] | None:
+        """One speculative step: forced tokens -> plan -> draft -> verify -> commit.
+
+        Returns the tokens to commit (the caller applies stop conditions), or None when
+        nothing fits (context window or max_tokens). Advances the target cache and the grammar.
+        """
+        target, sampling, grammar = self.target, req.sampling, req.grammar
+        remaining = sampling.max_tokens - len(req.generated)
+        # 1. Forced tokens: where the grammar allows a single token, its masked probability is 1,
+        # so it is committed with no decision; the target needs only its KV entry, which this
+        # step's forward writes (no logits row). Plain decoding (speculation off) decodes them
+        # one per forward like any other token.
+        forced = []
+        if grammar is not None and req.fast_forward:
+            forced = grammar.forced(min(remaining, target.n_ctx - len(req.context)))
+        req.stats.num_forced_tokens += len(forced)
+        if forced and (forced[-1] in grammar.eos_token_ids or len(forced) >= remaining):
+            return forced
+        context = req.context + forced if forced else req.context
+        # 2. Plan: which drafter and how many tokens; never past the window or max_tokens.
+        max_k = min(target.n_ctx - len(context), remaining - len(forced) - 1)
+        if max_k < 0:
+            return forced or None
+        # 3. Draft (draft_ms counts planning too: free drafters propose inside plan()).
+        t_step = time.perf_counter()
+        plan = req.policy.plan(PlanState(context=context, max_k=max_k, greedy=sampling.greedy, grammar=grammar,
+                                         num_forced=len(forced)))
+        draft = plan.draft
+        if draft is None:
+            draft = plan.drafter.propose(context, plan.k, grammar) if plan.drafter is not None and plan.k > 0 else Draft()
+        trees = sampling.greedy and grammar is None and hasattr(target, "extend_tree")
+        draft = _fit(draft, max_k, getattr(target, "n_seq_max", 16) if trees else 1)
+        if grammar is not None and len(draft):
+            draft = draft.truncated(grammar.valid_prefix(draft.token_ids))
+        t_verify = time.perf_counter()
+        if isinstance(draft, TreeDraft):
+            # 4'. Verify every branch in one target pass; keep the longest accepted one.
+            branch_logits = target.extend_tree(context[-1], draft.branches)  # [k_b+1, V] each
+            branch, verdict = greedy_verify_tree(draft.branches, [np.argmax(x, axis=-1) for x in branch_logits])
+            target.commit_branch(branch, verdict.num_accepted)
+            draft_ids = draft.branches[branch]
+        else:
+            # 4. Verify: one target forward over [uncached committed tail, d_1..d_k] with logits
+            # for the k+1 rows [last committed, d_1..d_k]; under a grammar, rows are masked.
+            pending = context[target.num_cached:]  # [last]; more after forced tokens
+            logits = target.extend([*pending, *draft.token_ids], num_logits=len(draft) + 1)  # [k+1, V]
+            if grammar is not None:
+                logits = masked(logits, grammar.masks(draft.token_ids))
+            if sampling.greedy:
+                verdict = greedy_verify(draft.token_ids, np.argmax(logits, axis=-1))
+            else:
+                verdict = rejection_sample(draft, LazyTargetProbs(logits, sampling), req.rng)
+            # 5. Commit: keep d_1..d_n in the cache, drop the rejected rest.
+            target.truncate(len(context) + verdict.num_accepted)
+            draft_ids = draft.token_ids
+        t_end = time.perf_counter()
+        committed = verdict.committed(draft_ids)
+        if grammar is not None:
+            grammar.consume([t for t in committed if t not in grammar.eos_token_ids])
+        step = StepStats(
+            drafter=draft.source if len(draft) else "none",
+            num_drafted=len(draft), num_accepted=verdict.num_accepted,
+            num_committed=len(committed) + len(forced), draft_ms=1000 * (t_verify - t_step),
+            verify_ms=1000 * (t_end - t_verify), planned_k=plan.k,
+            num_branches=len(draft.branches) if isinstance(draft, TreeDraft) else 1,
+            num_forced=len(forced),
+        )
+        req.stats.record(step)
+        if plan.drafter is not None and len(draft):
+            plan.drafter.accept(verdict.num_accepted)
+        req.policy.observe(step)
+        return forced + committed
+
+
+@dataclass
+class _Request:
+    """One request's state between steps: what the step reads and advances."""
+
+    sampling: SamplingParams
+    context: list[int]  # prompt + committed tokens
+    rng: np.random.Generator
+    policy: Policy
+    stats: RequestStats
+    grammar: Grammar | None = None
+    fast_forward: bool = True  # commit grammar-forced tokens without a decision (speculation on)
+    generated: list[int] = field(default_factory=list)
 
 
 def _fit(draft: Draft | TreeDraft, max_k: int, max_branches: int) -> Draft | TreeDraft:

@@ -26,6 +26,13 @@ class RequestStats:
     num_steps: int = 0
     num_steps_with_draft: int = 0
     num_tree_steps: int = 0  # steps that verified several branches at once
+    # Structured output: tokens the grammar forced (the only one allowed: committed with no
+    # decision, no logits row), steps whose forward carried only such tokens besides the last
+    # committed one, and the grammar masks computed and their time.
+    num_forced_tokens: int = 0
+    num_forced_steps: int = 0
+    num_masks: int = 0
+    mask_ms: float = 0.0
     plain_step_ms: float = 0.0  # target time of the steps that drafted nothing: the machine's speed
     prefill_ms: float = 0.0
     decode_ms: float = 0.0
@@ -48,7 +55,10 @@ class RequestStats:
         self.k_choices[step.planned_k] += 1
         self.num_tree_steps += int(step.num_branches > 1)
         if not step.num_drafted:
-            self.plain_step_ms += step.verify_ms
+            if step.num_forced:
+                self.num_forced_steps += 1
+            else:
+                self.plain_step_ms += step.verify_ms
         else:
             self.num_steps_with_draft += 1
             while len(self.position_drafted) < step.num_drafted:
@@ -60,8 +70,8 @@ class RequestStats:
 
     @property
     def num_plain_steps(self) -> int:
-        """Steps that drafted nothing: one target token each."""
-        return self.num_steps - self.num_steps_with_draft
+        """Steps that drafted nothing (and carried no forced tokens): one target row each."""
+        return self.num_steps - self.num_steps_with_draft - self.num_forced_steps
 
     @property
     def acceptance_rate(self) -> float:
@@ -102,6 +112,10 @@ class RequestStats:
             "num_tree_steps": self.num_tree_steps,
             "num_plain_steps": self.num_plain_steps,
             "plain_step_ms": self.plain_step_ms,
+            "num_forced_tokens": self.num_forced_tokens,
+            "num_forced_steps": self.num_forced_steps,
+            "num_masks": self.num_masks,
+            "mask_ms": self.mask_ms,
             "acceptance_rate": self.acceptance_rate,
             "mean_accepted_tokens": self.mean_accepted_tokens,
             "tokens_per_step": self.tokens_per_step,

@@ -8,10 +8,13 @@ the last step's acceptance (x1.2 above 0.9, x0.8 below 0.7, within [k_min, k_max
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 from draftwise.drafters.base import Drafter
 from draftwise.types import Draft, SpeculationConfig, StepStats, TreeDraft
+
+if TYPE_CHECKING:
+    from draftwise.constraints import Grammar
 
 
 @dataclass(frozen=True)
@@ -19,6 +22,8 @@ class PlanState:
     context: Sequence[int]  # committed tokens (prompt + generated)
     max_k: int  # the most draft tokens that fit (context window, max_tokens)
     greedy: bool = True  # token trees are verified greedily only
+    grammar: Grammar | None = None  # the request's constraint at `context` (structured output)
+    num_forced: int = 0  # grammar-forced tokens at the end of context, fed in this step's forward
 
 
 @dataclass(frozen=True)

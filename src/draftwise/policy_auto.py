@@ -205,7 +205,10 @@ class AutoPolicy:
     def plan(self, state: PlanState) -> Plan:
         self._score_shadows(state.context)
         plain_ms = self._target_ms(1)
-        best_rate, best = MIN_GAIN / plain_ms, Plan(None, 0)
+        # Grammar-forced tokens ride in this step's forward whatever is drafted: rates count
+        # them and their rows (m = 0 without a constraint).
+        m = state.num_forced
+        best_rate, best = MIN_GAIN * (m + 1) / self._target_ms(m + 1), Plan(None, 0)
         best_info: tuple = (None, 0.0)
         k_cap = min(self.max_k, state.max_k)
         consulted: list[Drafter] = []
@@ -217,7 +220,10 @@ class AutoPolicy:
                 continue
             # Free drafters propose first: the proposal's length and match bound k.
             t0 = time.perf_counter()
-            draft = drafter.propose(state.context, k_cap)
+            draft = drafter.propose(state.context, k_cap, state.grammar)
+            if state.grammar is not None and len(draft):
+                # A lookup's tokens past the grammar would be rejected for certain: drop them.
+                draft = draft.truncated(state.grammar.valid_prefix(draft.token_ids))
             elapsed = 1000 * (time.perf_counter() - t0)
             previous = self._lookup_ms.get(drafter.name, elapsed)
             self._lookup_ms[drafter.name] = previous + 0.2 * (elapsed - previous)
@@ -233,9 +239,9 @@ class AutoPolicy:
             self._shadows.append(_Shadow(key, len(state.context), tuple(draft.token_ids)))
             expected = est.expected_tokens(len(draft))
             for k in range(1, len(draft) + 1):
-                t = self._target_ms(k + 1)
-                if expected[k] / t > best_rate:
-                    best_rate = expected[k] / t
+                t = self._target_ms(m + k + 1)
+                if (m + expected[k]) / t > best_rate:
+                    best_rate = (m + expected[k]) / t
                     best = Plan(drafter, k, draft.truncated(k))
                     best_info = (None, 0.0)  # shadow scoring covers this proposal
         for drafter in self._drafters if k_cap > 0 else ():
@@ -252,15 +258,15 @@ class AutoPolicy:
             expected = est.expected_tokens(k_cap)
             for k in range(1, k_cap + 1):
                 draft_ms = first_ms + step_ms * (k - 1)
-                t = draft_ms + self._target_ms(k + 1)
-                if expected[k] / t > best_rate:
-                    best_rate = expected[k] / t
+                t = draft_ms + self._target_ms(m + k + 1)
+                if (m + expected[k]) / t > best_rate:
+                    best_rate = (m + expected[k]) / t
                     best = Plan(drafter, k)
                     best_info = (key, draft_ms / scale)  # unscaled
             if best.drafter is drafter and hasattr(drafter, "min_confidence"):
                 # Stop drafting when the draft's own confidence is below what one more
                 # token must earn: (its draft + verify cost) x the plain rate.
-                marginal_ms = step_ms + self._target_ms(best.k + 1) - self._target_ms(best.k)
+                marginal_ms = step_ms + self._target_ms(m + best.k + 1) - self._target_ms(m + best.k)
                 drafter.min_confidence = min(0.95, max(0.0, marginal_ms / plain_ms) * 0.5)
         for drafter in consulted:
             name = drafter.name
@@ -278,7 +284,7 @@ class AutoPolicy:
         if self._last is None:
             return
         key, predicted_draft = self._last
-        n = step.num_drafted + 1
+        n = step.num_drafted + step.num_forced + 1
         if step.num_branches == 1:
             calibrated = self.target_cost.ms(n)
             self._target_scale.update(step.verify_ms, calibrated * self._shape(n))

@@ -8,9 +8,12 @@ Draft (a drafter's proposal), Verdict (the verifier's decision) and StepStats
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from draftwise.constraints import Constraint
 
 
 class ConfigError(ValueError):
@@ -38,6 +41,9 @@ class SamplingParams:
     max_tokens: int = 256
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    # Structured output (a constraints.Constraint): the target's logits are masked by its
+    # grammar before the transforms above. A constrained answer ends with its grammar.
+    constraint: Constraint | None = None
 
     def __post_init__(self) -> None:
         _check(self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}")
@@ -171,4 +177,5 @@ class StepStats:
     verify_ms: float
     planned_k: int = 0
     num_branches: int = 1  # > 1 for a token-tree step
+    num_forced: int = 0  # grammar-forced tokens fed in the same forward (before the draft)
     accepted_mask: tuple[bool, ...] = field(default_factory=tuple)

@@ -139,7 +139,7 @@ def test_branches_sweep_applies_to_fixed_ngram_only_and_stays_identical(tmp_path
 
 def test_a_failing_method_records_an_error_and_the_run_goes_on(tmp_path):
     class Boom(NgramDrafter):
-        def propose(self, context, max_tokens):
+        def propose(self, context, max_tokens, grammar=None):
             raise RuntimeError("drafter exploded")
 
     engine = toy_engine()

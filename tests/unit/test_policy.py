@@ -149,7 +149,7 @@ def test_costly_lookups_back_off_when_not_taken():
         def begin(self, *a):
             pass
 
-        def propose(self, context, k):
+        def propose(self, context, k, grammar=None):
             import time as _t
 
             SlowNoMatch.calls += 1
@@ -213,7 +213,7 @@ class Fixed:
     def begin(self, *args):
         pass
 
-    def propose(self, context, max_tokens):
+    def propose(self, context, max_tokens, grammar=None):
         from draftwise.types import Draft
 
         return Draft(self.tokens[:max_tokens], source=self.name, score=self.score, kind=self.kind)

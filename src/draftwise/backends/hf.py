@@ -75,6 +75,15 @@ class HFTokenizer:
         text = self._tok.convert_ids_to_tokens(token_id) if 0 <= token_id < self._num_known else None
         return f"[PAD{token_id}]" if text is None else text
 
+    def llguidance_tokenizer(self, n_vocab: int):
+        """llguidance's adapter over this (fast) tokenizer, padded to the logits width."""
+        from llguidance.hf import from_tokenizer
+
+        eos = self._tok.eos_token_id
+        if eos is None or eos not in self.eos_token_ids:
+            eos = min(self.eos_token_ids) if self.eos_token_ids else None
+        return from_tokenizer(self._tok, n_vocab=n_vocab, eos_token=eos)
+
     def apply_chat_template(self, messages: Sequence[dict], *, add_generation_prompt: bool = True) -> str:
         if not getattr(self._tok, "chat_template", None):
             raise BackendError("this model's tokenizer has no chat template; use a plain prompt")
@@ -234,31 +243,34 @@ class HFBackend:
         return list(self._ids)
 
     # ---------------------------------------------------------------- decoding
-    def _forward(self, ids: Sequence[int], all_logits: bool):
-        """Append ids to the cache; logits [len(ids), V] (all_logits) or [1, V] for the last."""
+    def _forward(self, ids: Sequence[int], num_logits: int):
+        """Append ids to the cache; logits [num_logits, V] for the last num_logits positions."""
         torch = self._torch
         if len(self._ids) + len(ids) > self._n_ctx:
             raise ContextOverflowError(f"{len(self._ids) + len(ids)} tokens exceed the context of {self._n_ctx}")
         if min(ids) < 0 or max(ids) >= self._vocab_size:
             raise BackendError(f"token id outside the vocabulary of {self._vocab_size}")
         start = len(self._ids)
-        keep = 0 if all_logits else 1  # logits_to_keep=1 skips the vocabulary projection of unread rows
+        first_read = len(ids) - num_logits  # rows before it skip the vocabulary projection
         rows = []
         try:
             with torch.inference_mode():
                 for offset in range(0, len(ids), MAX_BATCH):
                     chunk = [int(t) for t in ids[offset : offset + MAX_BATCH]]
                     input_ids = torch.tensor([chunk], dtype=torch.long, device=self._device)  # [1, n]
-                    last_chunk = offset + len(chunk) == len(ids)
-                    out = self._model(input_ids=input_ids, use_cache=True, logits_to_keep=keep,
+                    read = min(len(chunk), offset + len(chunk) - first_read)
+                    # logits_to_keep=n computes the last n rows only (0 would mean all of them).
+                    out = self._model(input_ids=input_ids, use_cache=True, logits_to_keep=max(read, 1),
                                       **{self._cache_kw: self._cache})
                     self.num_forwards += 1
                     self._ids.extend(chunk)
-                    if all_logits or last_chunk:
-                        rows.append(out.logits[0])  # [n or 1, V]
+                    if read > 0:
+                        rows.append(out.logits[0, -read:])  # [read, V]
         except BaseException:
             self._restore(start)  # a failed forward may have grown some layers: undo it
             raise
+        if not rows:
+            return None
         return rows[0] if len(rows) == 1 else torch.cat(rows)
 
     def _to_numpy(self, logits) -> np.ndarray:
@@ -267,14 +279,14 @@ class HFBackend:
             logits = logits.float()
         return logits.cpu().numpy()
 
-    def extend(self, ids: Sequence[int]) -> np.ndarray:
+    def extend(self, ids: Sequence[int], num_logits: int | None = None) -> np.ndarray:
         if not len(ids):
             return np.zeros((0, self._vocab_size), dtype=np.float32)
-        return self._to_numpy(self._forward(ids, all_logits=True))
+        return self._to_numpy(self._forward(ids, len(ids) if num_logits is None else num_logits))
 
     def prefill(self, ids: Sequence[int]) -> None:
         if len(ids):
-            self._forward(ids, all_logits=False)
+            self._forward(ids, 0)
 
     def _crop(self, n_keep: int) -> None:
         """Crop every layer to n_keep positions (layers can differ after a failed forward)."""

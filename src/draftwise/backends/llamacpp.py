@@ -50,6 +50,18 @@ class LlamaCppTokenizer:
         raw = self._c.llama_vocab_get_text(self._vocab, token_id)
         return raw.decode("utf-8", errors="replace") if raw else ""
 
+    def llguidance_tokenizer(self, n_vocab: int):
+        """llguidance's adapter over this vocabulary (it tokenises with llama.cpp itself)."""
+        from llguidance.llamacpp import lltokenizer_from_vocab
+
+        return lltokenizer_from_vocab(self._vocab, n_vocab=n_vocab, eos_token=self._grammar_eos())
+
+    def _grammar_eos(self) -> int:
+        """The end-of-generation token a grammar allows when the answer is complete: the
+        vocabulary's EOS, or for chat models whose EOS is not an end of turn, the first EOG."""
+        eos = self._c.llama_vocab_eos(self._vocab)
+        return eos if eos in self.eos_token_ids or not self.eos_token_ids else min(self.eos_token_ids)
+
     def apply_chat_template(self, messages: Sequence[dict], *, add_generation_prompt: bool = True) -> str:
         if not self._template:
             raise BackendError("this model has no chat template in its GGUF metadata; use a plain prompt")
@@ -155,10 +167,12 @@ class LlamaCppBackend:
         return list(self._ids)
 
     # ---------------------------------------------------------------- decoding
-    def _decode(self, ids: Sequence[int], want_logits: bool) -> np.ndarray | None:
+    def _decode(self, ids: Sequence[int], num_logits: int) -> np.ndarray | None:
+        """Decode ids in chunks of n_batch; logits [num_logits, V] of the last positions."""
         if len(self._ids) + len(ids) > self._n_ctx:
             raise ContextOverflowError(f"{len(self._ids) + len(ids)} tokens exceed the context of {self._n_ctx}")
         start = len(self._ids)
+        first_read = len(ids) - num_logits
         rows: list[np.ndarray] = []
         try:
             for offset in range(0, len(ids), self._n_batch):
@@ -168,34 +182,38 @@ class LlamaCppBackend:
                     raise BackendError(f"token id outside the vocabulary of {self._n_vocab}")
                 self._b_token[:n] = chunk
                 self._b_pos[:n] = np.arange(start + offset, start + offset + n, dtype=np.int32)
-                self._b_logits[:n] = 1 if want_logits else 0
-                if not want_logits and offset + n == len(ids):
+                # Logits only where they are read: the output matrix costs ~2-7 ms per row here.
+                read = min(n, offset + n - first_read)
+                self._b_logits[:n] = 0
+                if read > 0:
+                    self._b_logits[n - read : n] = 1
+                elif offset + n == len(ids):
                     self._b_logits[n - 1] = 1  # llama.cpp expects at least one output per decode
                 self._batch.n_tokens = n
                 rc = self._c.llama_decode(self._ctx, self._batch)
                 if rc != 0:
                     raise BackendError(f"llama_decode failed with code {rc} at position {start + offset}")
                 self._ids.extend(int(t) for t in chunk)
-                if want_logits:
+                if read > 0:
                     ptr = self._c.llama_get_logits(self._ctx)
-                    rows.append(np.ctypeslib.as_array(ptr, shape=(n, self._n_vocab)).copy())  # [n, V]
+                    rows.append(np.ctypeslib.as_array(ptr, shape=(read, self._n_vocab)).copy())  # [read, V]
         except BaseException:
             # Keep cache and bookkeeping in step: drop whatever this call appended.
             self._ids = self._ids[:start]
             self._c.llama_memory_seq_rm(self._mem, 0, start, -1)
             raise
-        if not want_logits:
+        if not num_logits:
             return None
         return rows[0] if len(rows) == 1 else np.concatenate(rows)
 
-    def extend(self, ids: Sequence[int]) -> np.ndarray:
+    def extend(self, ids: Sequence[int], num_logits: int | None = None) -> np.ndarray:
         if not len(ids):
             return np.zeros((0, self._n_vocab), dtype=np.float32)
-        return self._decode(ids, want_logits=True)
+        return self._decode(ids, len(ids) if num_logits is None else num_logits)
 
     def prefill(self, ids: Sequence[int]) -> None:
         if len(ids):
-            self._decode(ids, want_logits=False)
+            self._decode(ids, 0)
 
     # ---------------------------------------------------------------- token trees
     def extend_tree(self, last: int, branches: Sequence[Sequence[int]]) -> list[np.ndarray]:

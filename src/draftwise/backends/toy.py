@@ -48,6 +48,23 @@ class CharTokenizer:
         text = "".join(f"{m['role'][0]}:{m['content']}\n" for m in messages)
         return text + ("a:" if add_generation_prompt else "")
 
+    def llguidance_tokenizer(self, n_vocab: int):
+        """The vocabulary for llguidance: each piece's UTF-8 bytes; EOS and the synthetic
+        pieces are special tokens (marked with a 0xff byte, as llguidance expects)."""
+        import llguidance
+
+        pieces = self._pieces
+
+        class _Vocab:
+            tokens = [(b"\xff" + p.encode()) if len(p) != 1 else p.encode() for p in pieces]
+            eos_token_id, bos_token_id = 0, None
+            special_token_ids = [i for i, p in enumerate(pieces) if len(p) != 1]
+
+            def __call__(_self, text: bytes) -> list[int]:
+                return self.encode(text.decode("utf-8", errors="ignore"))
+
+        return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Vocab()), n_vocab=n_vocab)
+
 
 @dataclass
 class ToyModel:
@@ -128,13 +145,15 @@ class ToyBackend:
             if not 0 <= int(t) < self._vocab_size:
                 raise BackendError(f"token id {t} outside the vocabulary of {self._vocab_size}")
 
-    def extend(self, ids: Sequence[int]) -> np.ndarray:
+    def extend(self, ids: Sequence[int], num_logits: int | None = None) -> np.ndarray:
         self._append(ids)
         self.num_forwards += 1
+        first_read = 0 if num_logits is None else len(ids) - num_logits
         rows = []
-        for t in ids:
+        for i, t in enumerate(ids):
             self._ids.append(int(t))
-            rows.append(np.asarray(self._logits_fn(self._ids), dtype=np.float64))
+            if i >= first_read:
+                rows.append(np.asarray(self._logits_fn(self._ids), dtype=np.float64))
         return np.stack(rows) if rows else np.zeros((0, self._vocab_size))
 
     def extend_tree(self, last: int, branches: Sequence[Sequence[int]]) -> list[np.ndarray]:

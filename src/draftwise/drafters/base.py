@@ -6,9 +6,12 @@ need (a KV cache, an index) in step with the committed context they are shown.
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
 
 from draftwise.types import Draft, SamplingParams, SpeculationConfig
+
+if TYPE_CHECKING:
+    from draftwise.constraints import Grammar
 
 
 @runtime_checkable
@@ -19,8 +22,13 @@ class Drafter(Protocol):
 
     def begin(self, sampling: SamplingParams, speculation: SpeculationConfig) -> None: ...
 
-    def propose(self, context: Sequence[int], max_tokens: int) -> Draft:
-        """Propose up to max_tokens continuation ids of context; Draft(()) if none."""
+    def propose(self, context: Sequence[int], max_tokens: int, grammar: Grammar | None = None) -> Draft:
+        """Propose up to max_tokens continuation ids of context; Draft(()) if none.
+
+        grammar: the request's constraint at the committed context, or None. A drafter that
+        samples (a draft model) drafts under it, so its draft_probs are what it sampled from;
+        lookups may ignore it: the engine cuts a deterministic draft at its first token
+        outside the grammar, which the target would reject with certainty anyway."""
         ...
 
     def accept(self, num_accepted: int) -> None:

@@ -157,7 +157,7 @@ class DatastoreDrafter:
         t = int(self.tokens[p])
         return None if t < 0 else t
 
-    def propose(self, context: Sequence[int], max_tokens: int) -> Draft:
+    def propose(self, context: Sequence[int], max_tokens: int, grammar=None) -> Draft:
         positions, length = self.match(context)
         if not positions or max_tokens <= 0:
             return Draft((), source=self.name)

@@ -8,13 +8,17 @@ verifier receives the exact distributions it sampled from.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from draftwise.backends.base import Backend, common_prefix_length
+from draftwise.constraints import masked
 from draftwise.sampling import filter_probs, make_rng, sample, softmax
 from draftwise.types import Draft, SamplingParams, SpeculationConfig
+
+if TYPE_CHECKING:
+    from draftwise.constraints import Grammar
 
 CATCH_UP_BATCH = 16  # up to this many missing tokens go in one forward with logits for the last
 
@@ -60,15 +64,22 @@ class ModelDrafter:
             missing = missing[-1:]
         return backend.extend(missing)[-1]
 
-    def propose(self, context: Sequence[int], max_tokens: int) -> Draft:
+    def propose(self, context: Sequence[int], max_tokens: int, grammar: Grammar | None = None) -> Draft:
         max_tokens = min(max_tokens, self.backend.n_ctx - len(context))
         self.last_confidences = []
         if max_tokens <= 0 or not context:
             return Draft((), source=self.name)
         logits = self._next_logits(context)
+        # Under a constraint the draft samples from its own masked distribution (a fork of the
+        # request's grammar follows the draft), so draft_probs stay what it sampled from.
+        fork = grammar.fork() if grammar is not None else None
         token_ids: list[int] = []
         rows: list[np.ndarray] = []
         for i in range(max_tokens):
+            if fork is not None:
+                if fork.is_stopped:
+                    break
+                logits = masked(logits, fork.allowed())
             if self.temperature == 0.0:
                 probs = None
                 token = int(np.argmax(logits))
@@ -84,6 +95,10 @@ class ModelDrafter:
             self.last_confidences.append(confidence)
             if probs is not None:
                 rows.append(probs)
+            if fork is not None:
+                if token in fork.eos_token_ids:
+                    break
+                fork.consume([token])
             if i + 1 < max_tokens:
                 logits = self.backend.extend([token])[-1]
         draft_probs = np.stack(rows) if rows else None

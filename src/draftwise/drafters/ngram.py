@@ -92,7 +92,7 @@ class NgramDrafter:
                 break
         return TreeDraft(tuple(branches), source=self.name, score=float(best_len))
 
-    def propose(self, context: Sequence[int], max_tokens: int) -> Draft:
+    def propose(self, context: Sequence[int], max_tokens: int, grammar=None) -> Draft:
         start, length = self.match(context)
         self.last_match_length = length
         if start < 0 or max_tokens <= 0:

@@ -149,7 +149,7 @@ class SuffixDrafter:
             self.last_kind = "history"
         return hist_best, hist_best_len
 
-    def propose(self, context: Sequence[int], max_tokens: int) -> Draft:
+    def propose(self, context: Sequence[int], max_tokens: int, grammar=None) -> Draft:
         positions, length = self.match(context)
         self.last_confidences = []
         if not positions or max_tokens <= 0:

@@ -1,0 +1,217 @@
+"""Structured output: a request's Constraint and the Grammar matcher the engine owns.
+
+A Constraint (JSON schema, any JSON object, regex, Lark or GBNF grammar) is compiled by
+llguidance against the target's vocabulary (the tokenizer adapter is built once per model).
+The reference distribution is: mask the target logits with the grammar, then apply the
+sampling transforms, then sample; greedy is the argmax of the masked logits. The engine
+advances the Grammar along a draft for its k+1 masks and keeps it at the committed tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from draftwise.types import ConfigError
+
+KINDS = ("json_schema", "json_object", "regex", "grammar")
+# JSON is written with json.dumps' default separators and no other whitespace: a grammar
+# that allows any whitespace lets a model emit spaces and newlines until max_tokens (the
+# known failure of flexible-whitespace JSON grammars), and fixed separators are forced
+# tokens, which cost no decision. Applied over the schema's own "x-guidance" options.
+JSON_OVERRIDES = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+class ConstraintError(ConfigError):
+    """A schema, regex or grammar that the structured-output library refuses (its message)."""
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What a request's output must match. source: the schema as JSON text, the regex, or the
+    grammar text (Lark, or llama.cpp GBNF, told apart by llguidance); empty for json_object.
+
+    Example: Constraint.json_schema({"type": "object", "properties": {"a": {"type": "integer"}}}).
+    """
+
+    kind: str
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ConfigError(f"constraint kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        if self.kind != "json_object" and not self.source.strip():
+            raise ConstraintError(f"the {self.kind.replace('_', ' ')} is empty")
+        if self.kind == "json_schema":
+            try:
+                schema = json.loads(self.source)
+            except json.JSONDecodeError as exc:
+                raise ConstraintError(f"the JSON schema is not valid JSON: {exc}") from None
+            if not isinstance(schema, (dict, bool)):
+                raise ConstraintError(f"a JSON schema must be an object (or a boolean), got {type(schema).__name__}")
+
+    @classmethod
+    def json_schema(cls, schema: dict | str) -> "Constraint":
+        return cls("json_schema", schema if isinstance(schema, str) else json.dumps(schema))
+
+    @classmethod
+    def json_object(cls) -> "Constraint":
+        return cls("json_object")
+
+    @classmethod
+    def regex(cls, pattern: str) -> "Constraint":
+        return cls("regex", pattern)
+
+    @classmethod
+    def grammar(cls, text: str) -> "Constraint":
+        return cls("grammar", text)
+
+    @property
+    def schema(self) -> Any:
+        """The JSON schema this constraint stands for (json_object: any object), else None."""
+        if self.kind == "json_schema":
+            return json.loads(self.source)
+        return {"type": "object"} if self.kind == "json_object" else None
+
+    def to_llguidance(self) -> str:
+        """The llguidance grammar definition (not yet checked against a vocabulary)."""
+        import llguidance
+
+        try:
+            if self.kind in ("json_schema", "json_object"):
+                return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(self.schema), overrides=JSON_OVERRIDES)
+            if self.kind == "regex":
+                return llguidance.LLMatcher.grammar_from_regex(self.source)
+            return llguidance.grammar_from("grammar", self.source)  # Lark, or GBNF converted to Lark
+        except ValueError as exc:
+            raise ConstraintError(f"invalid {self.kind.replace('_', ' ')}: {exc}") from None
+
+
+# ---------------------------------------------------------------------- compiling
+_adapters: dict[str, Any] = {}
+_adapters_lock = threading.Lock()
+
+
+def llguidance_tokenizer(backend) -> Any:
+    """The llguidance tokenizer of a backend's vocabulary, built once per model (about 1 s for
+    a 150k vocabulary) and cached by the backend's identity."""
+    with _adapters_lock:
+        adapter = _adapters.get(backend.identity)
+        if adapter is None:
+            adapter = _adapters[backend.identity] = backend.tokenizer.llguidance_tokenizer(backend.vocab_size)
+        return adapter
+
+
+def compile_constraint(constraint: Constraint, backend) -> "Grammar":
+    """A fresh Grammar for one request. Raises ConstraintError with llguidance's message."""
+    import llguidance
+
+    grammar = constraint.to_llguidance()
+    tokenizer = llguidance_tokenizer(backend)
+    matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+    if matcher.is_error():
+        raise ConstraintError(f"invalid {constraint.kind.replace('_', ' ')}: {_first_line(matcher.get_error())}")
+    return Grammar(matcher, backend.vocab_size, eos_token_ids=tokenizer.eos_tokens)
+
+
+def _first_line(message: str) -> str:
+    return message.strip().split("\n<state>")[0].strip()
+
+
+# ---------------------------------------------------------------------- the matcher
+class Grammar:
+    """One request's grammar state at the committed tokens.
+
+    `masks(draft)` gives the allowed tokens at each of the k+1 verified positions without
+    moving the state; `consume` advances it by committed tokens. Forks (for a draft model
+    drafting under the grammar) advance independently.
+    """
+
+    def __init__(self, matcher, vocab_size: int, *, eos_token_ids: Sequence[int] = ()) -> None:
+        self._matcher = matcher
+        self.vocab_size = vocab_size
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        self._words = (vocab_size + 31) // 32
+        self.num_masks = 0  # masks computed (this Grammar and its forks' own counts are apart)
+        self.mask_ms = 0.0
+
+    def fork(self) -> "Grammar":
+        return Grammar(self._matcher.deep_copy(), self.vocab_size, eos_token_ids=self.eos_token_ids)
+
+    @property
+    def is_stopped(self) -> bool:
+        """No token but EOS can follow (the answer is complete)."""
+        return self._matcher.is_stopped()
+
+    def _bits_to_bool(self, bits: np.ndarray) -> np.ndarray:
+        """int32 bitmask [n, W] -> allowed [n, V] (bool)."""
+        unpacked = np.unpackbits(bits.view(np.uint8), axis=-1, bitorder="little")
+        return unpacked[:, : self.vocab_size].view(bool)
+
+    def allowed(self) -> np.ndarray:
+        """allowed [V] (bool): the tokens the grammar accepts next."""
+        return self.masks(())[0]
+
+    def masks(self, draft_ids: Sequence[int]) -> np.ndarray:
+        """allowed [len(draft_ids) + 1, V]: at the committed state and after each draft token
+        (every draft token must be valid: see valid_prefix). The state does not move."""
+        t0 = time.perf_counter()
+        bits = np.zeros((len(draft_ids) + 1, self._words), dtype=np.int32)
+        if draft_ids:
+            if not self._matcher.consume_tokens([int(t) for t in draft_ids]):
+                raise ConstraintError(f"draft token outside the grammar: {self._matcher.get_error()}")
+            try:
+                for i in range(len(draft_ids), 0, -1):
+                    self._fill(bits[i])
+                    self._matcher.rollback(1)
+            except BaseException:
+                self._matcher.rollback(i)
+                raise
+        self._fill(bits[0])
+        self.num_masks += len(bits)
+        self.mask_ms += 1000 * (time.perf_counter() - t0)
+        return self._bits_to_bool(bits)
+
+    def _fill(self, row: np.ndarray) -> None:
+        self._matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
+
+    def valid_prefix(self, token_ids: Sequence[int]) -> int:
+        """How many of token_ids the grammar accepts in a row from here."""
+        return self._matcher.validate_tokens([int(t) for t in token_ids]) if len(token_ids) else 0
+
+    def consume(self, token_ids: Sequence[int]) -> None:
+        """Advance by committed tokens; each must be allowed (they were sampled under the mask)."""
+        for token in token_ids:
+            if not self._matcher.consume_token(int(token)):
+                raise ConstraintError(f"token {token} does not satisfy the grammar: "
+                                      f"{_first_line(self._matcher.get_error())}")
+
+    def forced(self, limit: int) -> list[int]:
+        """The tokens the grammar forces from here (each the only token its mask allows), at
+        most limit; consumed. An EOS among them ends the list (it is included)."""
+        out: list[int] = []
+        while len(out) < limit:
+            candidates = np.flatnonzero(self.allowed())
+            if len(candidates) != 1:
+                break
+            only = int(candidates[0])
+            out.append(only)
+            if only in self.eos_token_ids:
+                break
+            self.consume([only])
+        return out
+
+    def fast_forward(self, limit: int) -> list[int]:
+        """The canonical tokens of the bytes the grammar forces from here (may still need a
+        target decision: other tokenisations of those bytes can be allowed), at most limit."""
+        return [int(t) for t in self._matcher.compute_ff_tokens()[:limit]]
+
+
+def masked(logits: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    """logits [n, V] with disallowed tokens at -inf. Example: [[1, 2]], [[True, False]] -> [[1, -inf]]."""
+    return np.where(allowed, logits, -np.inf)
