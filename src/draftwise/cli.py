@@ -110,6 +110,47 @@ def model_options(fn):
     return fn
 
 
+def constraint_options(fn):
+    """Structured output: at most one of --json-schema, --json-object, --regex, --grammar."""
+    opts = [
+        click.option("--json-schema", default=None,
+                     help="Constrain the answer to a JSON schema: a file path or inline JSON."),
+        click.option("--json-object", is_flag=True, help="Constrain the answer to any JSON object."),
+        click.option("--regex", default=None, help="Constrain the answer to a regular expression."),
+        click.option("--grammar", default=None, type=click.Path(dir_okay=False),
+                     help="Constrain the answer to a grammar file (Lark, or llama.cpp GBNF)."),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def _constraint(json_schema, json_object, regex, grammar):
+    """The Constraint the options ask for, or None. Raises ConfigError on a bad combination or file."""
+    from draftwise.constraints import Constraint
+    from draftwise.types import ConfigError
+
+    given = [name for name, value in (("--json-schema", json_schema), ("--json-object", json_object),
+                                      ("--regex", regex), ("--grammar", grammar)) if value]
+    if len(given) > 1:
+        raise ConfigError(f"give one constraint, not {' and '.join(given)}")
+    if json_schema is not None:
+        text = json_schema
+        if not json_schema.lstrip().startswith(("{", "true", "false")):
+            path = Path(json_schema)
+            if not path.is_file():
+                raise ConfigError(f"--json-schema: {json_schema!r} is neither inline JSON nor a file")
+            text = path.read_text()
+        return Constraint.json_schema(text)
+    if json_object:
+        return Constraint.json_object()
+    if regex is not None:
+        return Constraint.regex(regex)
+    if grammar is not None:
+        return Constraint.grammar(Path(grammar).read_text())
+    return None
+
+
 def _load_options(backend, n_ctx, threads, dtype, device):
     from draftwise.loading import LoadOptions
 
@@ -121,7 +162,7 @@ def _load_options(backend, n_ctx, threads, dtype, device):
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
 @click.option("--system", default=None, help="System message for --chat.")
 @click.option("--draft", default="ngram", show_default=True,
-              help="Drafters: a draft model (name or path), 'ngram', 'suffix', 'none', or several comma-separated.")
+              help="Drafters: a draft model (name or path), 'ngram', 'suffix', 'grammar', 'none', or several comma-separated.")
 @click.option("--policy", type=click.Choice(["auto", "fixed", "heuristic"]), default="auto", show_default=True)
 @click.option("--k", "k", type=int, default=4, show_default=True, help="Draft tokens per step (fixed) or the starting k (heuristic); auto chooses k in 0..32 itself.")
 @click.option("--max-tokens", type=int, default=256, show_default=True)
@@ -136,16 +177,18 @@ def _load_options(backend, n_ctx, threads, dtype, device):
 @click.option("--datastore", default=None, help="A retrieval datastore (draftwise index build) to draft from.")
 @click.option("--branches", type=int, default=1, show_default=True,
               help="Token trees: verify up to N n-gram continuations per step (greedy, fixed policy).")
+@constraint_options
 @model_options
 @friendly_errors
 def generate(prompt, chat, system, draft, policy, k, max_tokens, temperature, top_p, top_k, min_p,
-             draft_temperature, seed, stop, as_json, datastore, branches, target, backend, n_ctx, threads, dtype,
-             device) -> None:
+             draft_temperature, seed, stop, as_json, datastore, branches, json_schema, json_object, regex, grammar,
+             target, backend, n_ctx, threads, dtype, device) -> None:
     """Generate text with speculative decoding, streaming it to the terminal."""
     from draftwise.loading import load_engine
 
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
-                              max_tokens=max_tokens, stop=tuple(stop))
+                              max_tokens=max_tokens, stop=tuple(stop),
+                              constraint=_constraint(json_schema, json_object, regex, grammar))
     speculation = SpeculationConfig(policy=policy, max_draft_tokens=k, draft_temperature=draft_temperature,
                                     max_branches=branches)
     options = replace(_load_options(backend, n_ctx, threads, dtype, device), n_seq_max=branches)
@@ -222,7 +265,7 @@ def demo(prompt, max_tokens, draft_model, target, backend, n_ctx, threads, dtype
 
 @main.command()
 @click.option("--draft", default="ngram", show_default=True,
-              help="Drafters: a draft model (name or path), 'ngram', 'suffix', 'none', or several comma-separated.")
+              help="Drafters: a draft model (name or path), 'ngram', 'suffix', 'grammar', 'none', or several comma-separated.")
 @click.option("--policy", type=click.Choice(["auto", "fixed", "heuristic"]), default="auto", show_default=True)
 @click.option("--k", "k", type=int, default=4, show_default=True, help="Draft tokens per step (fixed) or the starting k (heuristic); auto chooses k in 0..32 itself.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind (loopback unless told otherwise).")
@@ -343,7 +386,7 @@ def bench(suite, prompts_file, categories, methods, max_tokens, temperature, dra
     if max_tokens is None:
         max_tokens = 128 if suite == "quick" else 256
     draft_model = None if draft_model in (None, "", "none") else draft_model
-    free = ["ngram", "suffix"] + (["datastore"] if datastore else [])
+    free = ["ngram", "suffix", "grammar"] + (["datastore"] if datastore else [])
     specs = parse_methods(methods, free + (["draft"] if draft_model else []))
     need_draft = any("draft" in m.drafters for m in specs)
     config = BenchConfig(methods=tuple(m.name for m in specs), max_tokens=max_tokens, temperatures=temperature,

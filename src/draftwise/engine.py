@@ -203,20 +203,23 @@ class Engine:
         if drafters is not None and len(chosen) != len(set(drafters)):
             known = ", ".join(d.name for d in self.drafters) or "none"
             raise ConfigError(f"unknown drafter in {list(drafters)}; this engine has: {known}")
-        gen._pieces = self._run(list(prompt_ids), sampling, speculation, cancelled, gen, chosen)
+        # A bad schema or grammar fails here, before the request is queued (compiling is ~1 ms
+        # once the model's tokenizer adapter is built).
+        grammar = None if sampling.constraint is None else compile_constraint(sampling.constraint, self.target)
+        gen._pieces = self._run(list(prompt_ids), sampling, speculation, cancelled, gen, chosen, grammar)
         return gen
 
     # ------------------------------------------------------------------ the loop
     def _run(self, prompt_ids: list[int], sampling: SamplingParams, speculation: SpeculationConfig,
-             cancelled: Callable[[], bool] | None, gen: Generation, drafters: list[Drafter]) -> Iterator[str]:
+             cancelled: Callable[[], bool] | None, gen: Generation, drafters: list[Drafter],
+             grammar: Grammar | None) -> Iterator[str]:
         with self._lock:
             drafters = drafters if speculation.enabled else []
             req = _Request(
                 sampling=sampling, context=list(prompt_ids), rng=make_rng(sampling.seed),
                 policy=self.policy(speculation.policy, [d.name for d in drafters]),
                 stats=RequestStats(num_prompt_tokens=len(prompt_ids)),
-                grammar=None if sampling.constraint is None else compile_constraint(sampling.constraint, self.target),
-                fast_forward=speculation.enabled)
+                grammar=grammar, fast_forward=speculation.enabled)
             req.policy.begin(drafters, speculation)
             for drafter in drafters:
                 drafter.begin(sampling, speculation)

@@ -1,7 +1,7 @@
 """Build backends, drafters and an Engine from user-facing names (CLI, bench, server).
 
 A model is a registry name (fetched on first use), a GGUF file or a transformers
-model directory. Drafters are named "ngram", "suffix", "none", or a draft model; several
+model directory. Drafters are named "ngram", "suffix", "grammar", "none", or a draft model; several
 can be given comma-separated ("ngram,qwen2.5-coder-0.5b-instruct") for the auto policy.
 """
 
@@ -14,6 +14,7 @@ from draftwise import models
 from draftwise.backends.base import Backend
 from draftwise.backends.hf import DEVICES, DTYPES
 from draftwise.drafters import ModelDrafter, NgramDrafter
+from draftwise.drafters.grammar import GrammarDrafter
 from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.engine import Engine
 from draftwise.types import ConfigError, SpeculationConfig
@@ -78,15 +79,17 @@ def parse_drafters(spec: str | None) -> list[str]:
     return names
 
 
-FREE_DRAFTERS = ("ngram", "suffix")
+FREE_DRAFTERS = ("ngram", "suffix", "grammar")
 
 
 def free_drafter(name: str, options: LoadOptions = LoadOptions()):
-    """A free (lookup) drafter by name: "ngram" or "suffix"."""
+    """A free (lookup) drafter by name: "ngram", "suffix" or "grammar"."""
     if name == "ngram":
         return NgramDrafter(options.ngram_min, options.ngram_max)
     if name == "suffix":
         return SuffixDrafter()
+    if name == "grammar":
+        return GrammarDrafter()
     raise ConfigError(f"unknown free drafter {name!r}; choose from {', '.join(FREE_DRAFTERS)}")
 
 

@@ -19,6 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
 from draftwise.backends.base import BackendError
+from draftwise.constraints import Constraint, ConstraintError, llguidance_tokenizer
 from draftwise.engine import Engine, PromptTooLongError
 from draftwise.server import errors
 from draftwise.server import protocol as p
@@ -62,13 +63,18 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None) -> F
         try:
             if prompt_ids is None:
                 prompt_ids = await asyncio.to_thread(serving.encode, prompt, messages)
+            constraint = _constraint(body)
+            if constraint is not None:  # the model's tokenizer adapter: built once, off the event loop
+                await asyncio.to_thread(llguidance_tokenizer, engine.target)
             # With no max_tokens a chat request may fill the context, as OpenAI's does.
-            sampling = _sampling(body, max_tokens or max(1, engine.target.n_ctx - len(prompt_ids)))
+            sampling = _sampling(body, max_tokens or max(1, engine.target.n_ctx - len(prompt_ids)), constraint)
             speculation, drafters = _speculation(body, engine.speculation)
             return serving.submit(Job(f"{prefix}-{uuid.uuid4().hex[:24]}", endpoint, prompt_ids),
                                   sampling, speculation, drafters)
         except PromptTooLongError as exc:
             raise APIError(413, str(exc), param=param, code="context_length_exceeded") from None
+        except ConstraintError as exc:
+            raise APIError(400, str(exc), param=_constraint_param(body), code="invalid_value") from None
         except ConfigError as exc:
             raise APIError(400, str(exc), code="invalid_value") from None
         except BackendError as exc:  # the tokenizer or chat template refused the input
@@ -184,13 +190,39 @@ def _check_request(body: p._GenerationRequest, model_name: str) -> None:
         raise APIError(400, f"{field} is not supported by this server", param=field, code="unsupported_parameter")
 
 
-def _sampling(body: p._GenerationRequest, max_tokens: int) -> SamplingParams:
+def _constraint(body: p._GenerationRequest) -> Constraint | None:
+    """response_format (OpenAI) or the grammar / regex extensions -> a Constraint; at most one."""
+    fmt = body.response_format
+    given = [name for name, on in (("response_format", fmt is not None and fmt.type != "text"),
+                                   ("grammar", body.grammar is not None), ("regex", body.regex is not None)) if on]
+    if len(given) > 1:
+        raise APIError(400, f"give one of response_format, grammar and regex, not {' and '.join(given)}",
+                       param=given[1], code="invalid_value")
+    if body.grammar is not None:
+        return Constraint.grammar(body.grammar)
+    if body.regex is not None:
+        return Constraint.regex(body.regex)
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return Constraint.json_object()
+    if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+        raise APIError(400, "response_format of type json_schema needs json_schema.schema",
+                       param="response_format.json_schema.schema", code="invalid_value")
+    return Constraint.json_schema(fmt.json_schema.schema_)
+
+
+def _constraint_param(body: p._GenerationRequest) -> str:
+    return "grammar" if body.grammar is not None else "regex" if body.regex is not None else "response_format"
+
+
+def _sampling(body: p._GenerationRequest, max_tokens: int, constraint: Constraint | None = None) -> SamplingParams:
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     return SamplingParams(
         temperature=1.0 if body.temperature is None else body.temperature,  # OpenAI's default
         top_k=body.top_k or 0, top_p=1.0 if body.top_p is None else body.top_p, min_p=body.min_p or 0.0,
         seed=None if body.seed is None else body.seed % 2**64,  # numpy seeds must be non-negative
-        max_tokens=max_tokens, stop=stop, ignore_eos=body.ignore_eos)
+        max_tokens=max_tokens, stop=stop, ignore_eos=body.ignore_eos, constraint=constraint)
 
 
 def _speculation(body: p._GenerationRequest, base: SpeculationConfig) -> tuple[SpeculationConfig | None,

@@ -2,7 +2,8 @@
 stream chunks, the model list and the error body.
 
 Requests are strict (a string where a number belongs is a 422, not a silent coercion) and
-ignore unknown fields, as OpenAI clients send many. `top_k`, `min_p`, `ignore_eos` and
+ignore unknown fields, as OpenAI clients send many. `response_format` is OpenAI's (text,
+json_object, json_schema); `top_k`, `min_p`, `ignore_eos`, `grammar`, `regex` and
 `speculation` are draftwise extensions; `usage.speculative` carries the DESIGN.md section-5
 metrics of the request.
 """
@@ -33,6 +34,20 @@ class SpeculationOptions(_Request):
     enabled: bool | None = None
 
 
+class JsonSchemaFormat(_Request):
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")]
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema", description="The JSON schema the answer follows.")
+    strict: bool | None = Field(None, description="Answers always follow the schema here, strict or not.")
+
+
+class ResponseFormat(_Request):
+    """OpenAI's response_format: text, any JSON object, or a JSON schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class _GenerationRequest(_Request):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
@@ -53,6 +68,9 @@ class _GenerationRequest(_Request):
     user: str | None = None
     ignore_eos: bool = Field(False, description="Extension: keep generating past EOS (benchmarks).")
     speculation: SpeculationOptions | None = None
+    response_format: ResponseFormat | None = None
+    grammar: str | None = Field(None, description="Extension: the answer follows this Lark or GBNF grammar.")
+    regex: str | None = Field(None, description="Extension: the answer matches this regular expression.")
 
     def unsupported(self) -> str | None:
         """Name of the first field set to a value this server cannot honour, else None."""
@@ -82,15 +100,12 @@ class ChatCompletionRequest(_GenerationRequest):
     logprobs: bool | None = Field(None, description="Not supported.")
     top_logprobs: int | None = Field(None, description="Not supported.")
     tools: list[dict[str, Any]] | None = Field(None, description="Not supported.")
-    response_format: dict[str, Any] | None = Field(None, description="Only {'type': 'text'}.")
 
     def unsupported(self) -> str | None:
         if self.logprobs or self.top_logprobs:
             return "logprobs"
         if self.tools:
             return "tools"
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            return "response_format"
         return super().unsupported()
 
 

@@ -1,0 +1,106 @@
+"""Structured output through the server: OpenAI's response_format (json_object, json_schema)
+and the grammar / regex extensions, streaming and not, with the openai client; bad schemas
+are a 400 with the library's message, and the request after a failed one is unconstrained.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import openai
+import pytest
+
+from draftwise.backends.toy import ToyBackend, ToyModel
+from draftwise.constraints import Constraint
+from draftwise.drafters import ModelDrafter, NgramDrafter
+from draftwise.drafters.grammar import GrammarDrafter
+from draftwise.engine import Engine
+from draftwise.types import SamplingParams, SpeculationConfig
+from tests.server.conftest import MODEL
+from tests.server.test_server import client
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                           "n": {"type": "integer", "minimum": 0, "maximum": 999}},
+          "required": ["name", "n"], "additionalProperties": False}
+MESSAGES = [{"role": "user", "content": "a record please"}]
+
+
+def make_engine() -> Engine:
+    target = ToyModel(vocab_size=90, sharpness=3)  # the whole toy alphabet: JSON punctuation included
+    draft = ToyBackend(ToyModel(vocab_size=90, sharpness=2.5), name="toy-draft")
+    return Engine(ToyBackend(target), [ModelDrafter(draft, name="draft"), NgramDrafter(2, 4), GrammarDrafter()],
+                  speculation=SpeculationConfig(policy="fixed", max_draft_tokens=4))
+
+
+def reference(constraint: Constraint | None, max_tokens: int = 60) -> str:
+    return make_engine().generate(messages=MESSAGES, sampling=SamplingParams(max_tokens=max_tokens,
+                                                                            constraint=constraint)).text
+
+
+@pytest.fixture(scope="module")
+def structured_server():
+    from tests.server.conftest import LiveServer
+
+    with LiveServer(make_engine()) as live:
+        yield live
+
+
+def json_schema_format(schema=SCHEMA) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "record", "schema": schema, "strict": True}}
+
+
+def test_json_schema_non_streaming(structured_server):
+    resp = client(structured_server.url).chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=60, temperature=0, response_format=json_schema_format())
+    content = resp.choices[0].message.content
+    jsonschema.validate(json.loads(content), SCHEMA)
+    assert content == reference(Constraint.json_schema(SCHEMA))
+    assert resp.choices[0].finish_reason == "stop"
+    assert resp.usage.model_extra["speculative"]["num_forced_tokens"] > 0
+
+
+def test_json_schema_streaming_under_sampling(structured_server):
+    stream = client(structured_server.url).chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=60, temperature=1.0, seed=3, stream=True,
+        response_format=json_schema_format())
+    content = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    jsonschema.validate(json.loads(content), SCHEMA)
+
+
+def test_json_object_and_the_extensions(structured_server):
+    c = client(structured_server.url)
+    resp = c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=40, temperature=0,
+                                     response_format={"type": "json_object"})
+    # The random toy model writes one endless key; the constrained reference writes the same.
+    assert resp.choices[0].message.content == reference(Constraint.json_object(), max_tokens=40)
+    assert resp.choices[0].message.content.startswith('{"')
+    resp = c.completions.create(model=MODEL, prompt="pick", max_tokens=20, temperature=0,
+                                extra_body={"regex": "(yes|no), [a-z]{3}"})
+    assert re.fullmatch("(yes|no), [a-z]{3}", resp.choices[0].text)
+    resp = c.completions.create(model=MODEL, prompt="pick", max_tokens=20, temperature=0,
+                                extra_body={"grammar": 'root ::= "x" [0-9] [0-9]?'})  # GBNF
+    assert re.fullmatch("x[0-9]{1,2}", resp.choices[0].text)
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"response_format": json_schema_format({"type": 5})}, "type must be a string"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "needs json_schema.schema"),
+    ({"extra_body": {"regex": "[a-"}}, "unclosed character class"),
+    ({"extra_body": {"grammar": "start: missing"}}, "missing"),
+    ({"response_format": {"type": "json_object"}, "extra_body": {"regex": "a"}}, "give one of"),
+])
+def test_bad_constraints_are_400_and_the_next_request_is_unconstrained(structured_server, body, message):
+    c = client(structured_server.url)
+    with pytest.raises(openai.BadRequestError, match=message):
+        c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=10, temperature=0, **body)
+    resp = c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=30, temperature=0)
+    assert resp.choices[0].message.content == reference(None, max_tokens=30)
+
+
+def test_unknown_response_format_type_is_rejected(structured_server):
+    with pytest.raises(openai.APIStatusError) as info:
+        client(structured_server.url).chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=5,
+                                                              response_format={"type": "yaml"})
+    assert info.value.status_code in (400, 422) and "response_format" in str(info.value)
