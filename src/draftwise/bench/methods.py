@@ -2,7 +2,8 @@
 
 `baseline` is plain decoding; `draft` / `ngram` are one drafter at fixed k; `heuristic`
 uses the draft model (else the first drafter there is); `auto` uses every drafter.
-Combinations: `ngram+draft` (auto policy choosing between them) or `POLICY:D1+D2`.
+Combinations: `ngram+draft` (auto policy choosing between them) or `POLICY:D1+D2`. On prompts
+with a JSON schema every method is constrained by it; `METHOD@unconstrained` runs without it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Sequence
 from draftwise.types import POLICIES, ConfigError, SpeculationConfig
 
 KEYWORDS = ("baseline", "draft", "ngram", "suffix", "datastore", "heuristic", "auto")
+UNCONSTRAINED = "@unconstrained"
 
 
 @dataclass(frozen=True)
@@ -21,6 +23,7 @@ class MethodSpec:
     policy: str
     drafters: tuple[str, ...] = ()
     enabled: bool = True
+    constrained: bool = True  # follow the prompt's JSON schema, if it has one
 
     def speculation(self, k: int, draft_temperature: float | None, branches: int = 1) -> SpeculationConfig:
         if not self.enabled:
@@ -36,6 +39,10 @@ def parse_method(name: str, available: Sequence[str]) -> MethodSpec:
     """
     name = name.strip()
     available = list(available)
+    if name.endswith(UNCONSTRAINED) and len(name) > len(UNCONSTRAINED):
+        from dataclasses import replace
+
+        return replace(parse_method(name[: -len(UNCONSTRAINED)], available), name=name, constrained=False)
     if name == "baseline":
         return MethodSpec(name, "fixed", (), enabled=False)
     if name in ("draft", "ngram", "suffix", "datastore"):

@@ -1,21 +1,23 @@
 """Benchmark prompts: Spec-Bench JSONL files, the shipped suites, and context padding.
 
 A prompt file holds one JSON object a line: {"question_id": int, "category": str,
-"turns": [str, ...], "reference"?: ...}. Any problem is reported as `FILE:LINE: why`.
+"turns": [str, ...], "reference"?: ..., "json_schema"?: {...}}; a JSON schema constrains
+every turn's answer, for every method. Any problem is reported as `FILE:LINE: why`.
 Suites ship in suites/<category>.jsonl; `full` is all of them, `quick` two per category.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from draftwise.types import ConfigError
 
-CATEGORIES = ("code", "code_edit", "structured", "chat", "multi_turn", "summarization", "rag", "math")
+CATEGORIES = ("code", "code_edit", "structured", "structured_schema", "chat", "multi_turn", "summarization", "rag",
+              "math")
 QUICK_PER_CATEGORY = 2
 SUITES = ("quick", "full")
 
@@ -30,11 +32,14 @@ class Prompt:
     category: str
     turns: tuple[str, ...]
     reference: Any = None
+    json_schema: Any = field(default=None, hash=False)  # every answer must follow this JSON schema, if set
 
     def to_dict(self) -> dict:
         out = {"question_id": self.question_id, "category": self.category, "turns": list(self.turns)}
         if self.reference is not None:
             out["reference"] = self.reference
+        if self.json_schema is not None:
+            out["json_schema"] = self.json_schema
         return out
 
 
@@ -57,7 +62,17 @@ def parse_prompt(obj: Any) -> Prompt:
     for i, turn in enumerate(turns):
         if not isinstance(turn, str) or not turn.strip():
             raise ValueError(f"'turns'[{i}] must be a non-empty string, got {turn!r:.80}")
-    return Prompt(qid, category.strip(), tuple(turns), obj.get("reference"))
+    schema = obj.get("json_schema")
+    if schema is not None:
+        if not isinstance(schema, dict):
+            raise ValueError(f"'json_schema' must be a JSON schema object, got {schema!r:.80}")
+        import jsonschema
+
+        try:
+            jsonschema.validators.validator_for(schema).check_schema(schema)
+        except jsonschema.SchemaError as exc:
+            raise ValueError(f"'json_schema' is not a valid JSON schema: {exc.message}") from None
+    return Prompt(qid, category.strip(), tuple(turns), obj.get("reference"), schema)
 
 
 def parse_lines(lines: Iterable[str], source: str) -> list[Prompt]:
@@ -175,7 +190,7 @@ def pad_prompt(
         filler_ids = filler_ids + filler_ids
     padding = decode(filler_ids[:room])
     first = header + padding + footer + prompt.turns[0]
-    return Prompt(prompt.question_id, prompt.category, (first, *prompt.turns[1:]), prompt.reference)
+    return Prompt(prompt.question_id, prompt.category, (first, *prompt.turns[1:]), prompt.reference, prompt.json_schema)
 
 
 def filler_for(prompt: Prompt, pool: Sequence[Prompt]) -> str:

@@ -312,7 +312,9 @@ class BenchRunner:
         # turns pose the same task to every method. (Batched verification on llama.cpp can
         # flip a near-tie, DESIGN.md section 7; a method's own, different answer would
         # otherwise change what the next turn measures.)
-        order = sorted(range(len(self.variants)), key=lambda vi: self.variants[vi].method.enabled)
+        order = sorted(range(len(self.variants)),
+                       key=lambda vi: (self.variants[vi].method.enabled, not self.variants[vi].method.constrained))
+        schema = original.json_schema
         for _ in range(cfg.repeats):
             reference: dict[int, str] = {}  # turn -> the baseline's answer in this repeat
             for vi in order:
@@ -326,7 +328,7 @@ class BenchRunner:
                                              f"{_describe(variant)} · turn {turn + 1}/{len(prompt.turns)}"
                                              + (f" · T={temperature:g}" if len(cfg.temperatures) > 1 else ""))
                     messages = [*history, {"role": "user", "content": text}]
-                    run = self._measure(messages, sampling, variant)
+                    run = self._measure(messages, _constrained(sampling, schema, variant), variant)
                     runs.setdefault((vi, turn), []).append(run)
                     if self.progress:
                         self.progress.advance()
@@ -355,6 +357,7 @@ class BenchRunner:
                 "cold_draft_ms": _cold_draft_ms(variant, cold, self._uses_model(variant)),
                 "memory_overhead_mb": (self.memory.get("draft_overhead_mb", self.memory.get("draft_runtime_overhead_mb"))
                                        if self._uses_model(variant) else 0.0),
+                "constrained": schema is not None and variant.method.constrained,
             }
             failed = [t["error"] for t in tries if t["error"]]
             if failed:
@@ -364,6 +367,8 @@ class BenchRunner:
                 best = dict(ordered[(len(ordered) - 1) // 2])  # the (lower) median run, kept whole
                 best["repeats_tokens_per_second"] = [t["decode_tokens_per_second"] for t in tries]
                 record.update(best)
+                if schema is not None:
+                    record.update(_validity(record["text"], schema))
             records.append(record)
         _compare_with_baseline(records, greedy=temperature == 0.0)
         for r in records:
@@ -432,11 +437,12 @@ def _compare_with_baseline(records: list[dict], greedy: bool) -> None:
     time, so a machine that slows down or speeds up between two runs (shared, noisy) cancels;
     None when either run has fewer than MIN_PLAIN_STEPS plain steps to time that unit.
     """
-    base = {r["turn"]: r for r in records if r["policy_name"] == "none" and not r.get("error")}
+    base = {(r["turn"], r.get("constrained", False)): r for r in records
+            if r["policy_name"] == "none" and not r.get("error")}
     for r in records:
         if r.get("error"):
             continue
-        b = base.get(r["turn"])
+        b = base.get((r["turn"], r.get("constrained", False)))
         if b is None:
             r["speedup"], r["identical_to_baseline"] = None, None
             continue
@@ -448,6 +454,26 @@ def _compare_with_baseline(records: list[dict], greedy: bool) -> None:
 
 
 MIN_PLAIN_STEPS = 8
+
+
+def _constrained(sampling: SamplingParams, schema: Any, variant: Variant) -> SamplingParams:
+    """The prompt's JSON schema as the request's constraint, unless the method runs without it."""
+    if schema is None or not variant.method.constrained:
+        return sampling
+    from draftwise.constraints import Constraint
+
+    return replace(sampling, constraint=Constraint.json_schema(schema))
+
+
+def _validity(text: str, schema: Any) -> dict:
+    """json_valid: the answer parses as JSON; schema_valid: it also validates against the schema."""
+    import jsonschema
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return {"json_valid": False, "schema_valid": False}
+    return {"json_valid": True, "schema_valid": jsonschema.validators.validator_for(schema)(schema).is_valid(value)}
 
 
 def _tokens_per_plain_step(r: dict) -> float | None:
