@@ -269,3 +269,25 @@ def test_drift_corrected_speedup_counts_time_in_each_runs_own_plain_steps():
     assert method["speedup_drift_corrected"] == pytest.approx((100 * 60 / 4200) / (100 * 30 / 3000))
     assert base["speedup_drift_corrected"] == pytest.approx(1.0)
     assert few["speedup_drift_corrected"] is None and few["speedup"] is not None
+
+
+def test_prompts_with_a_json_schema_are_constrained_for_every_method_but_unconstrained_ones(tmp_path):
+    schema = {"type": "object", "properties": {"a": {"enum": ["x", "yy"]}, "b": {"type": "integer", "maximum": 99}},
+              "required": ["a", "b"], "additionalProperties": False}
+    target = ToyModel(vocab_size=90, sharpness=3)
+    engine = Engine(ToyBackend(target), [NgramDrafter(1, 3)])
+    prompts = [Prompt(21, "structured_schema", ("a record",), json_schema=schema), Prompt(22, "chat", ("hi",))]
+    records = run(engine, tmp_path, methods=("baseline", "baseline@unconstrained", "ngram"), prompts=prompts)["records"]
+    structured = {r["method"]: r for r in records if r["question_id"] == 21}
+    assert structured["baseline"]["constrained"] and structured["ngram"]["constrained"]
+    assert not structured["baseline@unconstrained"]["constrained"]
+    for name in ("baseline", "ngram"):
+        assert structured[name]["schema_valid"] and json.loads(structured[name]["text"])["a"] in ("x", "yy")
+        assert structured[name]["num_masks"] > 0
+    assert structured["ngram"]["identical_to_baseline"]  # compared with the constrained baseline
+    assert structured["ngram"]["num_forced_tokens"] > 0
+    assert structured["baseline@unconstrained"]["schema_valid"] is False
+    assert structured["baseline@unconstrained"]["speedup"] == 1.0
+    assert structured["baseline"]["speedup_vs_unconstrained"] > 0
+    chat = [r for r in records if r["question_id"] == 22]
+    assert not any(r["constrained"] or "json_valid" in r for r in chat)

@@ -451,6 +451,9 @@ def _compare_with_baseline(records: list[dict], greedy: bool) -> None:
         r_rate, b_rate = _tokens_per_plain_step(r), _tokens_per_plain_step(b)
         r["speedup_drift_corrected"] = r_rate / b_rate if r_rate and b_rate else None
         r["identical_to_baseline"] = (r["_token_ids"] == b["_token_ids"]) if greedy else None
+        free = base.get((r["turn"], False))  # a constrained run against the plain unconstrained one
+        if r.get("constrained") and free is not None and free["decode_tokens_per_second"] > 0:
+            r["speedup_vs_unconstrained"] = r["decode_tokens_per_second"] / free["decode_tokens_per_second"]
 
 
 MIN_PLAIN_STEPS = 8
