@@ -162,7 +162,8 @@ def _load_options(backend, n_ctx, threads, dtype, device):
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
 @click.option("--system", default=None, help="System message for --chat.")
 @click.option("--draft", default="ngram", show_default=True,
-              help="Drafters: a draft model (name or path), 'ngram', 'suffix', 'grammar', 'none', or several comma-separated.")
+              help="Drafters: a draft model (name or path), 'ngram', 'suffix', 'grammar', 'prediction', 'none', or several "
+                   "comma-separated.")
 @click.option("--policy", type=click.Choice(["auto", "fixed", "heuristic"]), default="auto", show_default=True)
 @click.option("--k", "k", type=int, default=4, show_default=True, help="Draft tokens per step (fixed) or the starting k (heuristic); auto chooses k in 0..32 itself.")
 @click.option("--max-tokens", type=int, default=256, show_default=True)
@@ -177,14 +178,22 @@ def _load_options(backend, n_ctx, threads, dtype, device):
 @click.option("--datastore", default=None, help="A retrieval datastore (draftwise index build) to draft from.")
 @click.option("--branches", type=int, default=1, show_default=True,
               help="Token trees: verify up to N n-gram continuations per step (greedy, fixed policy).")
+@click.option("--prediction", "prediction_file", default=None, type=click.Path(dir_okay=False, allow_dash=True),
+              help="The expected output (a file, or - for stdin), e.g. the file being edited: drafted from.")
 @constraint_options
 @model_options
 @friendly_errors
 def generate(prompt, chat, system, draft, policy, k, max_tokens, temperature, top_p, top_k, min_p,
-             draft_temperature, seed, stop, as_json, datastore, branches, json_schema, json_object, regex, grammar,
-             target, backend, n_ctx, threads, dtype, device) -> None:
+             draft_temperature, seed, stop, as_json, datastore, branches, prediction_file, json_schema, json_object,
+             regex, grammar, target, backend, n_ctx, threads, dtype, device) -> None:
     """Generate text with speculative decoding, streaming it to the terminal."""
-    from draftwise.loading import load_engine
+    from draftwise.loading import load_engine, parse_drafters
+
+    prediction = None
+    if prediction_file is not None:
+        prediction = sys.stdin.read() if prediction_file == "-" else Path(prediction_file).read_text()
+        if "prediction" not in parse_drafters(draft):  # a prediction needs its drafter
+            draft = ",".join([*parse_drafters(draft), "prediction"])
 
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                               max_tokens=max_tokens, stop=tuple(stop),
@@ -198,7 +207,8 @@ def generate(prompt, chat, system, draft, policy, k, max_tokens, temperature, to
     messages = None
     if chat:
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-    gen = engine.stream(None if chat else prompt, messages=messages, sampling=sampling, speculation=speculation)
+    gen = engine.stream(None if chat else prompt, messages=messages, sampling=sampling, speculation=speculation,
+                        prediction=prediction)
     for piece in gen:
         if not as_json:
             click.echo(piece, nl=False)
@@ -240,13 +250,17 @@ def demo(prompt, max_tokens, draft_model, target, backend, n_ctx, threads, dtype
     sampling = SamplingParams(max_tokens=max_tokens)
     runs = [
         ("plain", (), SpeculationConfig(enabled=False)),
-        ("ngram (fixed k=8)", ("ngram",), SpeculationConfig(policy="fixed", max_draft_tokens=8)),
-        ("draft model (fixed k=4)", ("draft",), SpeculationConfig(policy="fixed", max_draft_tokens=4)),
-        ("auto (both drafters)", ("ngram", "draft"), SpeculationConfig(policy="auto")),
+        ("ngram k=8", ("ngram",), SpeculationConfig(policy="fixed", max_draft_tokens=8)),
+        ("draft k=4", ("draft",), SpeculationConfig(policy="fixed", max_draft_tokens=4)),
+        ("auto", ("ngram", "draft"), SpeculationConfig(policy="auto")),
     ]
     console = _stderr_console()
-    table = Table(title=f"{target}, greedy, {max_tokens} tokens")
-    for col in ("method", "tok/s", "speedup", "acceptance", "tokens/step", "same text"):
+    # Short headers and a legend: the table fits an 80-column terminal.
+    table = Table(title=f"{target}, greedy, {max_tokens} tokens",
+                  caption="speedup: tok/s over plain; acc.: draft tokens accepted; tok/step: tokens per target "
+                          "forward; same: text identical to plain. ngram: prompt lookup, draft: the draft model, "
+                          "both at fixed k; auto: the cost model picks drafter and k per step.")
+    for col in ("method", "tok/s", "speedup", "acc.", "tok/step", "same"):
         table.add_column(col, justify="right", no_wrap=True)
     base_tps, base_ids = None, None
     engine.generate(messages=messages, sampling=SamplingParams(max_tokens=8))  # warm-up
@@ -264,19 +278,23 @@ def demo(prompt, max_tokens, draft_model, target, backend, n_ctx, threads, dtype
 
 
 @main.command()
-@click.option("--draft", default="ngram", show_default=True,
-              help="Drafters: a draft model (name or path), 'ngram', 'suffix', 'grammar', 'none', or several comma-separated.")
+@click.option("--draft", default="ngram,prediction", show_default=True,
+              help="Drafters: a draft model (name or path), 'ngram', 'suffix', 'grammar', 'prediction', 'none', or several "
+                   "comma-separated.")
 @click.option("--policy", type=click.Choice(["auto", "fixed", "heuristic"]), default="auto", show_default=True)
 @click.option("--k", "k", type=int, default=4, show_default=True, help="Draft tokens per step (fixed) or the starting k (heuristic); auto chooses k in 0..32 itself.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind (loopback unless told otherwise).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
-@click.option("--api-key", default=None, help="Require 'Authorization: Bearer KEY' on every route but /health.")
+@click.option("--api-key", "api_keys", multiple=True,
+              help="Require 'Authorization: Bearer KEY' on every route but /health; repeat for several tenants "
+                   "(one tenant is never told how much of its prompt another's request left cached).")
+@click.option("--log-requests", is_flag=True, help="Let error logs quote request content (debugging; off by default).")
 @click.option("--model-name", default=None, help="Name clients use as `model` (default: the target's name).")
 @click.option("--datastore", default=None, help="A retrieval datastore (draftwise index build) to draft from.")
 @model_options
 @friendly_errors
-def serve(draft, policy, k, host, port, api_key, model_name, datastore, target, backend, n_ctx, threads, dtype,
-          device) -> None:
+def serve(draft, policy, k, host, port, api_keys, log_requests, model_name, datastore, target, backend, n_ctx,
+          threads, dtype, device) -> None:
     """Serve the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics)."""
     import logging
 
@@ -291,9 +309,9 @@ def serve(draft, policy, k, host, port, api_key, model_name, datastore, target, 
         engine = load_engine(target, draft, options=options, speculation=speculation, progress=report,
                              datastore=datastore)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")
-    if api_key is None and host not in ("127.0.0.1", "localhost", "::1"):
+    if not api_keys and host not in ("127.0.0.1", "localhost", "::1"):
         click.echo(f"warning: serving on {host} without --api-key; anyone who can reach it can use it", err=True)
-    app = create_app(engine, model_name or engine.target.name, api_key=api_key)
+    app = create_app(engine, model_name or engine.target.name, api_keys=api_keys, log_content=log_requests)
     # In-flight streams get 10 s after Ctrl+C; then they are cancelled at the engine's next step.
     uvicorn.run(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=10)
 
@@ -386,7 +404,7 @@ def bench(suite, prompts_file, categories, methods, max_tokens, temperature, dra
     if max_tokens is None:
         max_tokens = 128 if suite == "quick" else 256
     draft_model = None if draft_model in (None, "", "none") else draft_model
-    free = ["ngram", "suffix", "grammar"] + (["datastore"] if datastore else [])
+    free = ["ngram", "suffix", "grammar", "prediction"] + (["datastore"] if datastore else [])
     specs = parse_methods(methods, free + (["draft"] if draft_model else []))
     need_draft = any("draft" in m.drafters for m in specs)
     config = BenchConfig(methods=tuple(m.name for m in specs), max_tokens=max_tokens, temperatures=temperature,

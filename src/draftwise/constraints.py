@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -93,18 +94,41 @@ class Constraint:
 
 
 # ---------------------------------------------------------------------- compiling
-_adapters: dict[str, Any] = {}
+# NOTE: keyed by the loaded tokenizer object, not the model file: llama.cpp's adapter holds a
+# pointer into the loaded model's vocabulary, valid only while that model is loaded.
+_adapters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _adapters_lock = threading.Lock()
 
 
 def llguidance_tokenizer(backend) -> Any:
-    """The llguidance tokenizer of a backend's vocabulary, built once per model (about 1 s for
-    a 150k vocabulary) and cached by the backend's identity."""
+    """The llguidance tokenizer of a backend's vocabulary, built once per loaded model (about
+    1 s for a 150k vocabulary) and cached while the model stays loaded."""
     with _adapters_lock:
-        adapter = _adapters.get(backend.identity)
+        adapter = _adapters.get(backend.tokenizer)
         if adapter is None:
-            adapter = _adapters[backend.identity] = backend.tokenizer.llguidance_tokenizer(backend.vocab_size)
+            adapter = _adapters[backend.tokenizer] = backend.tokenizer.llguidance_tokenizer(backend.vocab_size)
         return adapter
+
+
+def lltokenizer_from_pieces(tokens: Sequence[bytes], *, eos_token_id: int, special_token_ids: Sequence[int],
+                            encode, n_vocab: int):
+    """An llguidance tokenizer over explicit token bytes (special tokens get llguidance's 0xff
+    mark), for vocabularies no adapter of its own covers: the toy and byte tokenizers.
+    encode(bytes) -> ids tokenises text for forced strings."""
+    import llguidance
+
+    special = set(special_token_ids)
+
+    class _Vocab:
+        def __init__(self) -> None:
+            self.tokens = [b"\xff" + t if i in special else t for i, t in enumerate(tokens)]
+            self.eos_token_id, self.bos_token_id = eos_token_id, None
+            self.special_token_ids = sorted(special)
+
+        def __call__(self, text: bytes) -> list[int]:
+            return encode(text)
+
+    return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Vocab()), n_vocab=n_vocab)
 
 
 def compile_constraint(constraint: Constraint, backend) -> "Grammar":

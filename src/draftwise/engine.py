@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from draftwise.backends.base import Backend, sync_cache
+from draftwise.backends.base import Backend, sync_cache, utf8
 from draftwise.constraints import Grammar, compile_constraint, masked
 from draftwise.drafters.base import Drafter
 from draftwise.metrics import RequestStats
@@ -163,9 +163,12 @@ class Engine:
     def encode_prompt(self, prompt: str | None = None, messages: Sequence[dict] | None = None) -> list[int]:
         if (prompt is None) == (messages is None):
             raise ConfigError("give exactly one of prompt or messages")
+        # Whatever the tokenizer does with it, text that is not valid Unicode is refused by name.
         if messages is not None:
             text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+            utf8(text)
             return self.tokenizer.encode(text, add_special=True)
+        utf8(prompt)
         return self.tokenizer.encode(prompt, add_special=True)
 
     def generate(self, prompt: str | None = None, **kwargs) -> Result:
@@ -185,12 +188,18 @@ class Engine:
         speculation: SpeculationConfig | None = None,
         cancelled: Callable[[], bool] | None = None,
         drafters: Sequence[str] | None = None,
+        prediction: str | None = None,
     ) -> Generation:
-        """Start a request; iterate the result for text pieces. `drafters` picks a subset by name."""
+        """Start a request; iterate the result for text pieces. `drafters` picks a subset by name;
+        `prediction` is the expected output (OpenAI's predicted outputs), drafted from by the
+        prediction drafter."""
         if prompt_ids is None:
             prompt_ids = self.encode_prompt(prompt, messages)
         sampling = sampling or SamplingParams()
         speculation = speculation or self.speculation
+        if prediction:
+            utf8(prediction)
+            speculation = replace(speculation, prediction=self.tokenizer.encode(prediction, add_special=False))
         if not prompt_ids:
             raise ConfigError("the prompt is empty after tokenisation")
         if len(prompt_ids) >= self.target.n_ctx:

@@ -15,6 +15,7 @@ from draftwise.backends.base import Backend
 from draftwise.backends.hf import DEVICES, DTYPES
 from draftwise.drafters import ModelDrafter, NgramDrafter
 from draftwise.drafters.grammar import GrammarDrafter
+from draftwise.drafters.prediction import PredictionDrafter
 from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.engine import Engine
 from draftwise.types import ConfigError, SpeculationConfig
@@ -79,17 +80,19 @@ def parse_drafters(spec: str | None) -> list[str]:
     return names
 
 
-FREE_DRAFTERS = ("ngram", "suffix", "grammar")
+FREE_DRAFTERS = ("ngram", "suffix", "grammar", "prediction")
 
 
 def free_drafter(name: str, options: LoadOptions = LoadOptions()):
-    """A free (lookup) drafter by name: "ngram", "suffix" or "grammar"."""
+    """A free (lookup) drafter by name: "ngram", "suffix", "grammar" or "prediction"."""
     if name == "ngram":
         return NgramDrafter(options.ngram_min, options.ngram_max)
     if name == "suffix":
         return SuffixDrafter()
     if name == "grammar":
         return GrammarDrafter()
+    if name == "prediction":
+        return PredictionDrafter()
     raise ConfigError(f"unknown free drafter {name!r}; choose from {', '.join(FREE_DRAFTERS)}")
 
 

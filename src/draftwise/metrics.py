@@ -43,6 +43,8 @@ class RequestStats:
     position_accepted: list[int] = field(default_factory=list)  # ... and had it accepted
     drafter_choices: Counter = field(default_factory=Counter)  # drafter name -> steps
     k_choices: Counter = field(default_factory=Counter)  # planned k -> steps
+    drafted_by: Counter = field(default_factory=Counter)  # drafter name -> draft tokens verified
+    accepted_by: Counter = field(default_factory=Counter)  # drafter name -> draft tokens accepted
     policy: dict = field(default_factory=dict)  # the policy's final estimates
 
     def record(self, step: StepStats) -> None:
@@ -52,6 +54,9 @@ class RequestStats:
         self.draft_ms += step.draft_ms
         self.verify_ms += step.verify_ms
         self.drafter_choices[step.drafter] += 1
+        if step.num_drafted:
+            self.drafted_by[step.drafter] += step.num_drafted
+            self.accepted_by[step.drafter] += step.num_accepted
         self.k_choices[step.planned_k] += 1
         self.num_tree_steps += int(step.num_branches > 1)
         if not step.num_drafted:
@@ -130,6 +135,8 @@ class RequestStats:
             "verify_ms": self.verify_ms,
             "finish_reason": self.finish_reason,
             "drafter_choices": dict(self.drafter_choices),
+            "drafted_by_drafter": dict(self.drafted_by),
+            "accepted_by_drafter": dict(self.accepted_by),
             "k_choices": {str(k): v for k, v in sorted(self.k_choices.items())},
             "policy": self.policy,
         }

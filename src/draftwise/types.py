@@ -80,6 +80,9 @@ class SpeculationConfig:
     draft_temperature: float | None = None
     enabled: bool = True
     max_branches: int = 1  # >1: token-tree drafts (greedy only; sampling falls back to chains)
+    # The request's predicted output as token ids (OpenAI `prediction`; Engine.stream takes the
+    # text): the prediction drafter's source. It never changes what is generated.
+    prediction: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         _check(self.policy in POLICIES, f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
@@ -89,6 +92,7 @@ class SpeculationConfig:
         _check(1 <= self.max_branches <= 16, f"max_branches must be in [1, 16], got {self.max_branches}")
         _check(self.draft_temperature is None or self.draft_temperature >= 0,
                f"draft_temperature must be >= 0, got {self.draft_temperature}")
+        object.__setattr__(self, "prediction", tuple(int(t) for t in self.prediction))
 
 
 @dataclass(frozen=True)

@@ -140,3 +140,36 @@ def test_tree_greedy_equivalence_llamacpp(tree_target, branches):
     tree = engine.generate(PROMPT, sampling=sampling,
                            speculation=SpeculationConfig(policy="fixed", max_draft_tokens=4, max_branches=branches))
     assert tree.token_ids == plain.token_ids and tree.stats.num_tree_steps > 0
+
+
+@pytest.mark.parametrize("drafter", ["twin", "ngram", "grammar"])
+@pytest.mark.parametrize("k", [1, 3])
+def test_constrained_greedy_speculative_equals_constrained_plain(tiny_gguf_dir, drafter, k):
+    """Structured output on llama.cpp: the regex holds, forced tokens skip decisions, and
+    speculation (a perfect draft model, n-gram, the grammar drafter) changes nothing."""
+    import re
+
+    from draftwise.constraints import Constraint
+    from draftwise.drafters.grammar import GrammarDrafter
+
+    # NOTE: no two spaces in a row: the tiny vocabulary's one merge ("Ġ Ġ") has no token of its
+    # own, so llama.cpp tokenises "  " to nothing, which misleads llguidance's forced-text path.
+    pattern = r"def [a-z]{2,6}\(a, b\):\n\treturn a [+*-] b\n"
+    target = LlamaCppBackend(tiny_gguf_dir / "target.gguf", n_ctx=512, n_threads=1)
+    twin = LlamaCppBackend(tiny_gguf_dir / "twin.gguf", n_ctx=512, n_threads=1)
+    try:
+        engine = Engine(target, [ModelDrafter(twin, name="twin"), NgramDrafter(1, 3), GrammarDrafter()])
+        sampling = SamplingParams(max_tokens=60, constraint=Constraint.regex(pattern))
+        plain = engine.generate(PROMPT, sampling=sampling, speculation=SpeculationConfig(enabled=False))
+        spec = engine.generate(PROMPT, sampling=sampling, drafters=[drafter],
+                               speculation=SpeculationConfig(policy="fixed", max_draft_tokens=k))
+        assert re.fullmatch(pattern, plain.text) and plain.finish_reason == "stop"
+        assert spec.token_ids == plain.token_ids
+        # The fixed text is forced (or drafted and accepted, when a draft reached it first).
+        assert spec.stats.num_forced_tokens > 0
+        assert spec.stats.num_forced_tokens + spec.stats.num_accepted >= len("def ") + len("(a, b):\n\treturn a ")
+        if drafter == "twin":
+            assert spec.stats.acceptance_rate == 1.0
+    finally:
+        target.close()
+        twin.close()

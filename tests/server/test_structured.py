@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -104,3 +105,45 @@ def test_unknown_response_format_type_is_rejected(structured_server):
         client(structured_server.url).chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=5,
                                                               response_format={"type": "yaml"})
     assert info.value.status_code in (400, 422) and "response_format" in str(info.value)
+
+
+# ---------------------------------------------------------------------- predicted outputs
+def test_prediction_through_the_openai_client(start_server):
+    from draftwise.drafters.prediction import PredictionDrafter
+
+    target = ToyModel(vocab_size=40, sharpness=3)
+    engine = Engine(ToyBackend(target), [PredictionDrafter(), NgramDrafter(2, 4)],
+                    speculation=SpeculationConfig(policy="fixed", max_draft_tokens=8))
+    live = start_server(engine)
+    c = client(live.url)
+    plain = c.completions.create(model=MODEL, prompt="the cat", max_tokens=40, temperature=0,
+                                 extra_body={"speculation": {"enabled": False}})
+    expected = plain.choices[0].text
+    assert plain.usage.completion_tokens_details is None  # no prediction, no details
+    edited = expected[:15] + "zz" + expected[17:]
+    for prediction in ({"type": "content", "content": expected},
+                       {"type": "content", "content": [{"type": "text", "text": edited[:10]},
+                                                       {"type": "text", "text": edited[10:]}]}):
+        resp = c.completions.create(model=MODEL, prompt="the cat", max_tokens=40, temperature=0,
+                                    extra_body={"prediction": prediction, "speculation": {"drafters": ["prediction"]}})
+        assert resp.choices[0].text == expected
+        details = resp.usage.completion_tokens_details
+        spec = resp.usage.model_extra["speculative"]
+        assert details.accepted_prediction_tokens == spec["accepted_by_drafter"]["prediction"] > 0
+        assert (details.accepted_prediction_tokens + details.rejected_prediction_tokens
+                == spec["drafted_by_drafter"]["prediction"])
+    chat_resp = c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=20, temperature=0,
+                                          prediction={"type": "content", "content": "abc"})
+    assert chat_resp.usage.completion_tokens_details.rejected_prediction_tokens >= 0
+
+
+@pytest.mark.parametrize("prediction, message", [
+    ({"type": "text", "content": "x"}, "prediction.type"),
+    ({"type": "content"}, "prediction.content"),
+    ({"type": "content", "content": [{"type": "image_url"}]}, "must be text"),
+    ("just a string", "prediction"),
+])
+def test_a_malformed_prediction_is_a_400(structured_server, prediction, message):
+    r = httpx.post(f"{structured_server.url}/v1/chat/completions", timeout=30,
+                   json={"model": MODEL, "messages": MESSAGES, "max_tokens": 5, "prediction": prediction})
+    assert r.status_code == 400 and message in r.text

@@ -86,3 +86,14 @@ def test_detects_a_biased_sampler():
     counts = sample_joint(engine, SamplingParams(temperature=1.3), SpeculationConfig(enabled=False), [])
     with pytest.raises(AssertionError):
         check(counts, exact_joint(TARGET, SamplingParams(temperature=1.0)))
+
+
+@pytest.mark.parametrize("prediction", [[3, 1, 2], [2, 2, 2, 2], [4, 0, 1]])
+def test_prediction_joint_distribution(prediction):
+    """A prediction is a deterministic draft: sampled answers keep the target's distribution."""
+    from draftwise.drafters.prediction import PredictionDrafter
+
+    engine = Engine(ToyBackend(TARGET), [PredictionDrafter()])
+    params = SamplingParams(temperature=1.0)
+    spec = SpeculationConfig(policy="fixed", max_draft_tokens=3, prediction=prediction)
+    check(sample_joint(engine, params, spec, ["prediction"]), exact_joint(TARGET, params))

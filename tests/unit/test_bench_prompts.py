@@ -81,9 +81,13 @@ def test_suites_meet_the_category_definitions():
         if p.category == "summarization":
             passage = p.turns[0].split("\n\n", 1)[1]
             assert len(passage.split()) >= 300, p.question_id
+        if p.category == "code_edit_long":
+            blocks = re.findall(r"```[a-z]*\n(.*?)```", p.turns[0], re.S)
+            assert len(blocks) == 1 and 60 <= len(blocks[0].splitlines()) <= 200, p.question_id
+            assert p.prediction_for(0) == f"```{p.turns[0].split('```')[1]}```", p.question_id  # the original file
         if p.category == "multi_turn":
             assert len(p.turns) == 2, p.question_id
-        else:
+        elif p.category != "code_edit_long":  # it has a few multi-round edits of one file
             assert len(p.turns) == 1, p.question_id
 
 
@@ -105,3 +109,24 @@ def test_pad_prompt_reaches_about_the_requested_length_with_filler_from_other_pr
     assert padded.turns[0].endswith(prompt.turns[0]) and padded.turns[1] == prompt.turns[1]
     assert 990 <= len(tok.encode(padded.turns[0])) <= 1000
     assert pad_prompt(prompt, 16, filler, tok.encode, tok.decode) == prompt  # already long enough
+
+
+def test_predictions_per_turn_are_parsed_and_checked():
+    from draftwise.bench.prompts import PromptFileError, parse_lines
+
+    one, many = parse_lines([
+        '{"question_id": 1, "category": "code_edit", "turns": ["a", "b"], "prediction": "x"}',
+        '{"question_id": 2, "category": "code_edit", "turns": ["a", "b"], "prediction": [null, "y"]}',
+    ], "p.jsonl")
+    assert (one.prediction_for(0), one.prediction_for(1)) == ("x", None)
+    assert (many.prediction_for(0), many.prediction_for(1)) == (None, "y")
+    for bad in ('"prediction": 5', '"prediction": ["a", "b", "c"]', '"prediction": [1]'):
+        with pytest.raises(PromptFileError, match="prediction"):
+            parse_lines(['{"question_id": 1, "category": "c", "turns": ["a", "b"], ' + bad + "}"], "p.jsonl")
+
+
+def test_the_shipped_edit_and_schema_suites():
+    edits, schemas = load_suite("code_edit_long"), load_suite("structured_schema")
+    assert len(edits) >= 10 and all(p.prediction_for(0) for p in edits)
+    assert sum(len(p.turns) > 1 for p in edits) >= 2
+    assert len(schemas) >= 10 and all(isinstance(p.json_schema, dict) for p in schemas)

@@ -5,6 +5,8 @@ and the CLI's report-only and prompt-file error paths.
 import json
 import math
 
+import pytest
+
 from click.testing import CliRunner
 
 from draftwise.bench.report import category_rows, geomean, render_markdown, write_report
@@ -113,3 +115,26 @@ def test_cli_names_file_and_line_of_a_malformed_prompt(tmp_path):
 def test_cli_rejects_unknown_method_before_loading_models(tmp_path):
     out = CliRunner().invoke(main, ["bench", "--methods", "baseline,magic", "--out", str(tmp_path)])
     assert out.exit_code == 2 and "unknown method 'magic'" in out.output
+
+
+def test_competing_load_counts_other_processes_only():
+    """CPU figures injected: our process used 1.5 of the 2 CPU-seconds the machine was busy in 1 s on
+    2 CPUs, so others took 0.5 / 2 = 25%; the report warns above 15% only."""
+    from collections import namedtuple
+
+    from draftwise.bench.report import render_markdown
+    from draftwise.bench.timing import CompetingLoad
+
+    Cpu = namedtuple("Cpu", "user system")
+    Own = namedtuple("Own", "user system children_user children_system")
+    machine, own = iter([Cpu(10.0, 0.0), Cpu(12.0, 0.0)]), iter([Own(1.0, 0.0, 0, 0), Own(2.5, 0.0, 0, 0)])
+    probe = CompetingLoad(cpu_times=lambda: next(machine), own_times=lambda: next(own), cpus=2,
+                          clock=iter([0.0, 1.0]).__next__)
+    assert probe.share() == pytest.approx(0.25)
+    quiet, busy = fake_results(), fake_results()
+    for r in quiet["records"]:
+        r["other_cpu_share"] = 0.02
+    for i, r in enumerate(busy["records"]):
+        r["other_cpu_share"] = 0.4 if i == 0 else 0.02
+    assert "competed" not in render_markdown(quiet) and "2%–2% of the machine" in render_markdown(quiet)
+    assert "competed for the CPU in 1 of 9 runs" in render_markdown(busy)

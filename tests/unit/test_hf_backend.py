@@ -298,3 +298,20 @@ def test_the_server_answers_from_a_transformers_target(gguf_pair):
                                                               "max_tokens": 12, "temperature": 0})
     assert expected.text and response.status_code == 200, response.text
     assert response.json()["choices"][0]["message"]["content"] == expected.text
+
+
+@pytest.mark.parametrize("drafter", ["draft", "ngram"])
+def test_constrained_greedy_on_transformers(gguf_pair, drafter):
+    """Structured output through the transformers backend and its tokenizer's llguidance adapter."""
+    import re
+
+    from draftwise.constraints import Constraint
+
+    target, draft = HFBackend(gguf_pair[0], dtype="float64"), HFBackend(gguf_pair[1], dtype="float64")
+    engine = Engine(target, [ModelDrafter(draft), NgramDrafter(1, 3)])
+    sampling = SamplingParams(max_tokens=30, constraint=Constraint.regex(r"the (cat|dog)(, the (cat|dog)){2,4}\."))
+    plain = engine.generate(prompt_ids=PROMPT, sampling=sampling, speculation=PLAIN)
+    spec = engine.generate(prompt_ids=PROMPT, sampling=sampling, drafters=[drafter],
+                           speculation=SpeculationConfig(policy="fixed", max_draft_tokens=3))
+    assert re.fullmatch(r"the (cat|dog)(, the (cat|dog)){2,4}\.", plain.text), plain.text
+    assert spec.token_ids == plain.token_ids and spec.stats.num_forced_tokens > 0

@@ -12,6 +12,8 @@ from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+from draftwise.types import ConfigError
+
 
 class BackendError(RuntimeError):
     """The inference library failed (decode error, failed cache removal, ...)."""
@@ -75,6 +77,15 @@ class Backend(Protocol):
 
     def reset(self) -> None: ...
     def close(self) -> None: ...
+
+
+def utf8(text: str) -> bytes:
+    """text as UTF-8; a lone surrogate (not valid Unicode) is a ConfigError naming it, not the text."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ConfigError(f"the text holds U+{ord(exc.object[exc.start]):04X} at index {exc.start}, a lone "
+                          "surrogate, which is not valid Unicode") from None
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:

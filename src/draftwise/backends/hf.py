@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from draftwise.backends.base import BackendError, Capabilities, ContextOverflowError
+from draftwise.backends.base import BackendError, Capabilities, ContextOverflowError, utf8
 from draftwise.types import ConfigError
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
@@ -64,6 +64,7 @@ class HFTokenizer:
 
     def encode(self, text: str, *, add_special: bool = True) -> list[int]:
         # Special-token text ("<|im_start|>") maps to its control token, as in llama.cpp.
+        utf8(text)  # a lone surrogate is refused by name, before the tokenizer fails on it
         return list(self._tok.encode(text, add_special_tokens=add_special))
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -116,6 +117,17 @@ class ByteTokenizer:
 
     def apply_chat_template(self, messages: Sequence[dict], *, add_generation_prompt: bool = True) -> str:
         raise BackendError("this model has no tokenizer, so no chat template; use a plain prompt or token ids")
+
+    def llguidance_tokenizer(self, n_vocab: int):
+        """Byte i for i < 256; ids above are special (never allowed by a grammar)."""
+        from draftwise.constraints import lltokenizer_from_pieces
+
+        if not self.eos_token_ids:
+            raise BackendError("structured output needs an EOS token, and this model's config names none")
+        pieces = [bytes([i]) if i < 256 else f"<{i}>".encode() for i in range(self._vocab_size)]
+        return lltokenizer_from_pieces(pieces, eos_token_id=min(self.eos_token_ids), n_vocab=n_vocab,
+                                       special_token_ids=range(256, self._vocab_size),
+                                       encode=lambda text: [b for b in text if b < self._vocab_size])
 
 
 def _config_eos(model) -> list[int]:

@@ -13,7 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-from draftwise.backends.base import BackendError, Capabilities, ContextOverflowError
+from draftwise.backends.base import BackendError, Capabilities, ContextOverflowError, utf8
 
 
 def default_threads() -> int:
@@ -41,7 +41,7 @@ class LlamaCppTokenizer:
 
     def encode(self, text: str, *, add_special: bool = True) -> list[int]:
         # NOTE: special tokens are parsed so that chat-templated text maps to control tokens.
-        return self._llm.tokenize(text.encode("utf-8"), add_bos=add_special, special=True)
+        return self._llm.tokenize(utf8(text), add_bos=add_special, special=True)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._llm.detokenize(list(ids)).decode("utf-8", errors="replace")

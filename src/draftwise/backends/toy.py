@@ -49,21 +49,13 @@ class CharTokenizer:
         return text + ("a:" if add_generation_prompt else "")
 
     def llguidance_tokenizer(self, n_vocab: int):
-        """The vocabulary for llguidance: each piece's UTF-8 bytes; EOS and the synthetic
-        pieces are special tokens (marked with a 0xff byte, as llguidance expects)."""
-        import llguidance
+        """Each piece's UTF-8 bytes; EOS and the synthetic pieces are special tokens."""
+        from draftwise.constraints import lltokenizer_from_pieces
 
-        pieces = self._pieces
-
-        class _Vocab:
-            tokens = [(b"\xff" + p.encode()) if len(p) != 1 else p.encode() for p in pieces]
-            eos_token_id, bos_token_id = 0, None
-            special_token_ids = [i for i, p in enumerate(pieces) if len(p) != 1]
-
-            def __call__(_self, text: bytes) -> list[int]:
-                return self.encode(text.decode("utf-8", errors="ignore"))
-
-        return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Vocab()), n_vocab=n_vocab)
+        return lltokenizer_from_pieces(
+            [p.encode() for p in self._pieces], eos_token_id=0, n_vocab=n_vocab,
+            special_token_ids=[i for i, p in enumerate(self._pieces) if len(p) != 1],
+            encode=lambda text: self.encode(text.decode("utf-8", errors="ignore")))
 
 
 @dataclass

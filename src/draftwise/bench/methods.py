@@ -13,7 +13,7 @@ from typing import Sequence
 
 from draftwise.types import POLICIES, ConfigError, SpeculationConfig
 
-KEYWORDS = ("baseline", "draft", "ngram", "suffix", "datastore", "heuristic", "auto")
+KEYWORDS = ("baseline", "draft", "ngram", "suffix", "prediction", "datastore", "heuristic", "auto")
 UNCONSTRAINED = "@unconstrained"
 
 
@@ -45,7 +45,7 @@ def parse_method(name: str, available: Sequence[str]) -> MethodSpec:
         return replace(parse_method(name[: -len(UNCONSTRAINED)], available), name=name, constrained=False)
     if name == "baseline":
         return MethodSpec(name, "fixed", (), enabled=False)
-    if name in ("draft", "ngram", "suffix", "datastore"):
+    if name in ("draft", "ngram", "suffix", "prediction", "datastore"):
         return MethodSpec(name, "fixed", _known((name,), available, name))
     if name == "heuristic":
         if not available:

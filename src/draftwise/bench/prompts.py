@@ -1,8 +1,10 @@
 """Benchmark prompts: Spec-Bench JSONL files, the shipped suites, and context padding.
 
 A prompt file holds one JSON object a line: {"question_id": int, "category": str,
-"turns": [str, ...], "reference"?: ..., "json_schema"?: {...}}; a JSON schema constrains
-every turn's answer, for every method. Any problem is reported as `FILE:LINE: why`.
+"turns": [str, ...], "reference"?: ..., "json_schema"?: {...}, "prediction"?: str | [str | null, ...]};
+a JSON schema constrains every turn's answer, for every method; a prediction (one string for
+the first turn, or one entry per turn) is the expected answer, which the prediction drafter
+drafts from. Any problem is reported as `FILE:LINE: why`.
 Suites ship in suites/<category>.jsonl; `full` is all of them, `quick` two per category.
 """
 
@@ -16,8 +18,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 from draftwise.types import ConfigError
 
-CATEGORIES = ("code", "code_edit", "structured", "structured_schema", "chat", "multi_turn", "summarization", "rag",
-              "math")
+CATEGORIES = ("code", "code_edit", "code_edit_long", "structured", "structured_schema", "chat", "multi_turn",
+              "summarization", "rag", "math")
 QUICK_PER_CATEGORY = 2
 SUITES = ("quick", "full")
 
@@ -31,8 +33,12 @@ class Prompt:
     question_id: int
     category: str
     turns: tuple[str, ...]
-    reference: Any = None
+    reference: Any = field(default=None, hash=False)
     json_schema: Any = field(default=None, hash=False)  # every answer must follow this JSON schema, if set
+    prediction: tuple[str | None, ...] = ()  # per turn: the expected answer (predicted outputs), or None
+
+    def prediction_for(self, turn: int) -> str | None:
+        return self.prediction[turn] if turn < len(self.prediction) else None
 
     def to_dict(self) -> dict:
         out = {"question_id": self.question_id, "category": self.category, "turns": list(self.turns)}
@@ -40,6 +46,8 @@ class Prompt:
             out["reference"] = self.reference
         if self.json_schema is not None:
             out["json_schema"] = self.json_schema
+        if any(p is not None for p in self.prediction):
+            out["prediction"] = list(self.prediction)
         return out
 
 
@@ -72,7 +80,15 @@ def parse_prompt(obj: Any) -> Prompt:
             jsonschema.validators.validator_for(schema).check_schema(schema)
         except jsonschema.SchemaError as exc:
             raise ValueError(f"'json_schema' is not a valid JSON schema: {exc.message}") from None
-    return Prompt(qid, category.strip(), tuple(turns), obj.get("reference"), schema)
+    prediction = obj.get("prediction")
+    if isinstance(prediction, str):
+        prediction = [prediction]
+    if prediction is not None:
+        if not isinstance(prediction, list) or not 1 <= len(prediction) <= len(turns) or not all(
+                p is None or isinstance(p, str) for p in prediction):
+            raise ValueError(f"'prediction' must be a string or a list of strings or nulls, one per turn (at most "
+                             f"{len(turns)}), got {prediction!r:.80}")
+    return Prompt(qid, category.strip(), tuple(turns), obj.get("reference"), schema, tuple(prediction or ()))
 
 
 def parse_lines(lines: Iterable[str], source: str) -> list[Prompt]:
@@ -190,7 +206,8 @@ def pad_prompt(
         filler_ids = filler_ids + filler_ids
     padding = decode(filler_ids[:room])
     first = header + padding + footer + prompt.turns[0]
-    return Prompt(prompt.question_id, prompt.category, (first, *prompt.turns[1:]), prompt.reference, prompt.json_schema)
+    return Prompt(prompt.question_id, prompt.category, (first, *prompt.turns[1:]), prompt.reference, prompt.json_schema,
+                  prompt.prediction)
 
 
 def filler_for(prompt: Prompt, pool: Sequence[Prompt]) -> str:

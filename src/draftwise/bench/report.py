@@ -27,6 +27,8 @@ HOW_MEASURED = (
     "memory with the draft model loaded and used minus without it. Tokens/s over the output comes from the times "
     "at which streamed text arrived."
 )
+# A run in which other processes took more than this share of the machine's CPU time is noisy.
+COMPETING_SHARE = 0.15
 TABLE_HEADERS = ("category", "method", "n", "tok/s", "speedup", "drift-corr.", "acceptance", "tokens/step", "identical",
                  "mem overhead MB", "errors")
 
@@ -161,13 +163,13 @@ def render_markdown(results: dict, plots: Sequence[str] = ()) -> str:
                + f"repeats {config.get('repeats')} (median kept); "
                f"{len(records)} records{'' if results.get('complete') else ' (run incomplete)'}.")
     out += ["", HOW_MEASURED, ""]
-    load = [r["load_avg_1m"] for r in records if r.get("load_avg_1m") is not None]
-    cpus = (meta.get("host") or {}).get("cpus")
-    if load and cpus:
-        busy = max(load) > 1.25 * cpus
-        out += [f"Machine load (1-minute load average) during the runs: {min(load):.1f}–{max(load):.1f} on {cpus} CPUs"
-                + (" — **other processes competed for the CPU, so timings are noisy; rerun on a quiet machine "
-                   "before drawing conclusions**." if busy else "."), ""]
+    other = [r["other_cpu_share"] for r in records if r.get("other_cpu_share") is not None]
+    if other:
+        busy = [x for x in other if x > COMPETING_SHARE]
+        out += [f"CPU time taken by other processes during the runs: {min(other):.0%}–{max(other):.0%} of the machine"
+                + (f" — **other processes competed for the CPU in {len(busy)} of {len(other)} runs (over "
+                   f"{COMPETING_SHARE:.0%}), so timings are noisy; rerun on a quiet machine before drawing "
+                   "conclusions**." if busy else "."), ""]
     settings = by_setting(records)
     for setting, group in settings.items():
         out += [f"## {setting_label(setting)}", ""]

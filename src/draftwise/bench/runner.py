@@ -19,7 +19,7 @@ from typing import Any, Protocol, Sequence
 
 from draftwise.bench.methods import MethodSpec, parse_methods
 from draftwise.bench.prompts import Prompt, filler_for, pad_prompt
-from draftwise.bench.timing import WindowClock, current_rss_mb, peak_rss_mb
+from draftwise.bench.timing import CompetingLoad, WindowClock, current_rss_mb, peak_rss_mb
 from draftwise.types import ConfigError, SamplingParams, SpeculationConfig
 
 FORMAT = "draftwise-bench/1"
@@ -328,7 +328,8 @@ class BenchRunner:
                                              f"{_describe(variant)} · turn {turn + 1}/{len(prompt.turns)}"
                                              + (f" · T={temperature:g}" if len(cfg.temperatures) > 1 else ""))
                     messages = [*history, {"role": "user", "content": text}]
-                    run = self._measure(messages, _constrained(sampling, schema, variant), variant)
+                    run = self._measure(messages, _constrained(sampling, schema, variant), variant,
+                                        original.prediction_for(turn))
                     runs.setdefault((vi, turn), []).append(run)
                     if self.progress:
                         self.progress.advance()
@@ -375,12 +376,13 @@ class BenchRunner:
             r.pop("_token_ids", None)
         return records
 
-    def _measure(self, messages: list[dict], sampling: SamplingParams, variant: Variant) -> dict:
+    def _measure(self, messages: list[dict], sampling: SamplingParams, variant: Variant,
+                 prediction: str | None = None) -> dict:
         engine = self.engine
         try:
             gen = engine.stream(messages=messages, sampling=sampling, speculation=variant.speculation(),
-                                drafters=list(variant.method.drafters) or None)
-            clock = WindowClock()
+                                drafters=list(variant.method.drafters) or None, prediction=prediction)
+            clock, competing = WindowClock(), CompetingLoad()
             for piece in gen:
                 clock.piece(piece)
             wall_ms = 1000 * (time.perf_counter() - clock.start)
@@ -400,7 +402,8 @@ class BenchRunner:
             "window_tokens": self.config.window_tokens,
             "tokens_per_second_windows": windows,
             "wall_ms": wall_ms,
-            "load_avg_1m": round(os.getloadavg()[0], 2),  # other processes competing for the CPU
+            "load_avg_1m": round(os.getloadavg()[0], 2),  # includes the bench's own threads
+            "other_cpu_share": round(competing.share(), 3),  # what other processes took of the machine
             "rss_mb": round(current_rss_mb(), 1),
             "peak_rss_mb": round(peak_rss_mb(), 1),
             "text": result.text,

@@ -67,3 +67,37 @@ def peak_rss_mb() -> float:
     """Peak resident set size of this process so far, in MB (it only grows)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes on macOS, KiB on Linux
+
+
+class CompetingLoad:
+    """CPU time other processes used while a run went on, as a share of the machine.
+
+    The 1-minute load average counts the bench's own threads (two on a 2-CPU machine read as
+    "load 2"), so it cannot tell competition from our own work; this subtracts our process's
+    CPU time from the machine's busy time. The probes are injectable for tests.
+    """
+
+    def __init__(self, cpu_times=None, own_times=None, cpus: int | None = None, clock=time.perf_counter) -> None:
+        import os
+
+        import psutil
+
+        self._cpu_times = cpu_times or psutil.cpu_times
+        self._own_times = own_times or (lambda: psutil.Process().cpu_times())
+        self._cpus = cpus or os.cpu_count() or 1
+        self._clock = clock
+        self._start = self._read()
+
+    def _read(self) -> tuple[float, float, float]:
+        t = self._cpu_times()
+        busy = t.user + t.system + getattr(t, "nice", 0.0) + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
+        own = self._own_times()
+        return self._clock(), busy, own.user + own.system + own.children_user + own.children_system
+
+    def share(self) -> float:
+        """Other processes' CPU time since construction / (wall time x CPUs), in [0, 1]."""
+        wall, busy, own = (b - a for a, b in zip(self._start, self._read()))
+        if wall <= 0:
+            return 0.0
+        return min(1.0, max(0.0, (busy - own) / (wall * self._cpus)))
+

@@ -13,7 +13,7 @@ import json
 import time
 import uuid
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
@@ -31,12 +31,16 @@ from draftwise.types import ConfigError, SamplingParams, SpeculationConfig
 DISCONNECT_POLL_S = 0.25
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions endpoint
 
-_ERROR_STATUSES = {status: {"model": p.ErrorResponse} for status in (400, 401, 404, 413, 422, 500, 503)}
+_ERROR_STATUSES = {status: {"model": p.ErrorResponse} for status in (400, 401, 404, 413, 500, 503)}
 _STREAM_RESPONSE = {"content": {"text/event-stream": {"schema": {"type": "string"}}},
                     "description": "JSON, or server-sent events when `stream` is true."}
 
 
-def create_app(engine: Engine, model_name: str, api_key: str | None = None) -> FastAPI:
+def create_app(engine: Engine, model_name: str, api_key: str | None = None, *, api_keys: Sequence[str] = (),
+               log_content: bool = False) -> FastAPI:
+    """api_key / api_keys: bearer keys, one per tenant (a tenant never learns how much of its prompt
+    another tenant's request left in the cache). log_content: let error logs quote requests."""
+    keys = tuple(dict.fromkeys([*([api_key] if api_key else []), *api_keys]))
     metrics = ServerMetrics()
     serving = Serving(engine, metrics)
 
@@ -45,18 +49,21 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None) -> F
         yield
         serving.close()
 
+    # NOTE: no /docs or /redoc: FastAPI's pages load their scripts from a CDN, unusable offline;
+    # /openapi.json is served and works with any OpenAPI viewer.
     app = FastAPI(title="draftwise", summary="OpenAI-compatible server for lossless speculative decoding.",
-                  lifespan=lifespan)
+                  lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.serving = serving
-    errors.install(app, metrics, api_key)
+    errors.install(app, metrics, keys, log_content=log_content)
     created = int(time.time())
 
     def count(error: APIError) -> None:
         metrics.observe_error(error.status, error.type)
 
-    async def start(body: p._GenerationRequest, endpoint: str, prefix: str, *, prompt: str | None = None,
-                    messages: list[dict] | None = None, prompt_ids: list[int] | None = None,
-                    max_tokens: int | None = None) -> Job:
+    async def start(body: p._GenerationRequest, request: Request, endpoint: str, prefix: str, *,
+                    prompt: str | None = None, messages: list[dict] | None = None,
+                    prompt_ids: list[int] | None = None, max_tokens: int | None = None,
+                    default_max_tokens: int | None = None) -> Job:
         """Validate, tokenise and queue a request; library errors become 4xx APIErrors."""
         _check_request(body, model_name)
         param = "messages" if messages is not None else "prompt"
@@ -66,13 +73,28 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None) -> F
             constraint = _constraint(body)
             if constraint is not None:  # the model's tokenizer adapter: built once, off the event loop
                 await asyncio.to_thread(llguidance_tokenizer, engine.target)
+            n_ctx = engine.target.n_ctx
+            if max_tokens is not None and len(prompt_ids) + max_tokens > n_ctx:
+                # As OpenAI does: a request that cannot be honoured in full is refused, not cut short.
+                raise APIError(400, f"this model's context holds {n_ctx} tokens, but {len(prompt_ids) + max_tokens} "
+                               f"were requested ({len(prompt_ids)} in the prompt, {max_tokens} to generate); "
+                               "lower max_tokens or shorten the prompt",
+                               param="max_completion_tokens" if "max_completion_tokens" in body.model_fields_set
+                               else "max_tokens", code="context_length_exceeded")
             # With no max_tokens a chat request may fill the context, as OpenAI's does.
-            sampling = _sampling(body, max_tokens or max(1, engine.target.n_ctx - len(prompt_ids)), constraint)
+            limit = max_tokens or min(default_max_tokens or n_ctx, max(1, n_ctx - len(prompt_ids)))
+            sampling = _sampling(body, limit, constraint)
             speculation, drafters = _speculation(body, engine.speculation)
-            return serving.submit(Job(f"{prefix}-{uuid.uuid4().hex[:24]}", endpoint, prompt_ids),
-                                  sampling, speculation, drafters)
+            tenant = request.scope.get("state", {}).get("tenant")
+            prediction = _prediction(body)
+            return serving.submit(Job(f"{prefix}-{uuid.uuid4().hex[:24]}", endpoint, prompt_ids, tenant=tenant,
+                                      predicted=prediction is not None),
+                                  sampling, speculation, drafters, prediction)
+        except UnicodeEncodeError as exc:  # a lone surrogate ("\udfff") is not text a tokenizer can take
+            raise APIError(400, f"the request holds U+{ord(exc.object[exc.start]):04X}, a lone surrogate, which "
+                           "is not valid Unicode text", param=param, code="invalid_value") from None
         except PromptTooLongError as exc:
-            raise APIError(413, str(exc), param=param, code="context_length_exceeded") from None
+            raise APIError(400, str(exc), param=param, code="context_length_exceeded") from None
         except ConstraintError as exc:
             raise APIError(400, str(exc), param=_constraint_param(body), code="invalid_value") from None
         except ConfigError as exc:
@@ -115,7 +137,7 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None) -> F
               responses={200: _STREAM_RESPONSE, **_ERROR_STATUSES})
     async def chat_completions(body: p.ChatCompletionRequest, request: Request):
         messages = [_message_dict(i, m) for i, m in enumerate(body.messages)]
-        job = await start(body, "chat", "chatcmpl", messages=messages,
+        job = await start(body, request, "chat", "chatcmpl", messages=messages,
                           max_tokens=body.max_completion_tokens or body.max_tokens)
         now, with_usage = int(time.time()), bool(body.stream_options and body.stream_options.include_usage)
 
@@ -138,8 +160,8 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None) -> F
               responses={200: _STREAM_RESPONSE, **_ERROR_STATUSES})
     async def completions(body: p.CompletionRequest, request: Request):
         prompt, prompt_ids = _single_prompt(body.prompt, engine.target.vocab_size)
-        job = await start(body, "completions", "cmpl", prompt=prompt, prompt_ids=prompt_ids,
-                          max_tokens=body.max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS)
+        job = await start(body, request, "completions", "cmpl", prompt=prompt, prompt_ids=prompt_ids,
+                          max_tokens=body.max_tokens, default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS)
         now, with_usage = int(time.time()), bool(body.stream_options and body.stream_options.include_usage)
 
         def chunk(text: str | None, finish: str | None = None, usage: p.Usage | None = None) -> str:
@@ -212,6 +234,15 @@ def _constraint(body: p._GenerationRequest) -> Constraint | None:
     return Constraint.json_schema(fmt.json_schema.schema_)
 
 
+def _prediction(body: p._GenerationRequest) -> str | None:
+    if body.prediction is None:
+        return None
+    try:
+        return body.prediction.text()
+    except ValueError as exc:
+        raise APIError(400, str(exc), param="prediction.content", code="invalid_value") from None
+
+
 def _constraint_param(body: p._GenerationRequest) -> str:
     return "grammar" if body.grammar is not None else "regex" if body.regex is not None else "response_format"
 
@@ -240,6 +271,9 @@ def _speculation(body: p._GenerationRequest, base: SpeculationConfig) -> tuple[S
 
 def _message_dict(index: int, message: p.ChatMessage) -> dict[str, Any]:
     content = message.content
+    if content is None and message.role != "assistant":
+        raise APIError(400, f"a {message.role} message needs content (a string or text parts), got null",
+                       param=f"messages.{index}.content", code="invalid_value")
     if isinstance(content, list):
         for part in content:
             if part.type != "text" or part.text is None:
@@ -270,11 +304,18 @@ def _single_prompt(prompt, vocab_size: int) -> tuple[str | None, list[int] | Non
 def _usage(done: Finished) -> p.Usage:
     s = done.result.stats
     speculative = s.to_dict()
+    if not done.cache_visible:  # the reused prefix came from another tenant's request: say nothing of it
+        speculative.update(num_reused_tokens=0, num_draft_reused_tokens=0)
+    details = None
+    if done.predicted:
+        accepted = s.accepted_by.get("prediction", 0)
+        details = p.CompletionTokensDetails(accepted_prediction_tokens=accepted,
+                                            rejected_prediction_tokens=s.drafted_by.get("prediction", 0) - accepted)
     return p.Usage(
         prompt_tokens=s.num_prompt_tokens, completion_tokens=s.num_generated,
         total_tokens=s.num_prompt_tokens + s.num_generated,
-        prompt_tokens_details=p.PromptTokensDetails(cached_tokens=s.num_reused_tokens),
-        speculative=p.SpeculativeUsage(**speculative))
+        prompt_tokens_details=p.PromptTokensDetails(cached_tokens=speculative["num_reused_tokens"]),
+        completion_tokens_details=details, speculative=p.SpeculativeUsage(**speculative))
 
 
 def _finish_reason(done: Finished) -> str | None:

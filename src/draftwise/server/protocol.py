@@ -34,6 +34,11 @@ class SpeculationOptions(_Request):
     enabled: bool | None = None
 
 
+class ContentPart(_Request):
+    type: str
+    text: str | None = None
+
+
 class JsonSchemaFormat(_Request):
     name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")]
     description: str | None = None
@@ -46,6 +51,21 @@ class ResponseFormat(_Request):
 
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
+
+
+class Prediction(_Request):
+    """OpenAI's predicted output: text the answer is expected to largely repeat."""
+
+    type: Literal["content"]
+    content: str | Annotated[list[ContentPart], Field(min_length=1)]
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        for part in self.content:
+            if part.type != "text" or part.text is None:
+                raise ValueError(f"prediction content parts must be text, got type {part.type!r}")
+        return "".join(part.text or "" for part in self.content)
 
 
 class _GenerationRequest(_Request):
@@ -69,6 +89,7 @@ class _GenerationRequest(_Request):
     ignore_eos: bool = Field(False, description="Extension: keep generating past EOS (benchmarks).")
     speculation: SpeculationOptions | None = None
     response_format: ResponseFormat | None = None
+    prediction: Prediction | None = Field(None, description="Predicted output: drafted from, never changes the answer.")
     grammar: str | None = Field(None, description="Extension: the answer follows this Lark or GBNF grammar.")
     regex: str | None = Field(None, description="Extension: the answer matches this regular expression.")
 
@@ -81,11 +102,6 @@ class _GenerationRequest(_Request):
         if self.logit_bias:
             return "logit_bias"
         return None
-
-
-class ContentPart(_Request):
-    type: str
-    text: str | None = None
 
 
 class ChatMessage(_Request):
@@ -158,11 +174,21 @@ class PromptTokensDetails(BaseModel):
     cached_tokens: int
 
 
+class CompletionTokensDetails(BaseModel):
+    """OpenAI's meaning: prediction tokens the answer kept (accepted) or not (rejected), counted
+    over the prediction drafter's verified drafts; both are part of completion_tokens' cost."""
+
+    reasoning_tokens: int = 0
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails | None = None
+    completion_tokens_details: CompletionTokensDetails | None = None
     speculative: SpeculativeUsage | None = None
 
 

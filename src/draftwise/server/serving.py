@@ -32,6 +32,10 @@ class Piece:
 @dataclass(frozen=True)
 class Finished:
     result: Result
+    # Whether the request may be told how much of its prompt was cached: not when the cache
+    # came from another tenant's (API key's) request.
+    cache_visible: bool = True
+    predicted: bool = False  # the request carried a prediction (usage reports what became of it)
 
 
 @dataclass(frozen=True)
@@ -45,8 +49,11 @@ Event = Piece | Finished | Failed
 class Job:
     """One request's life: queued -> running -> finished; events flow worker -> event loop."""
 
-    def __init__(self, job_id: str, endpoint: str, prompt_ids: list[int]) -> None:
+    def __init__(self, job_id: str, endpoint: str, prompt_ids: list[int], tenant: int | None = None,
+                 predicted: bool = False) -> None:
         self.id = job_id
+        self.predicted = predicted
+        self.tenant = tenant  # which API key sent it (None: the server has none)
         self.endpoint = endpoint
         self.prompt_ids = prompt_ids
         self.generation: Generation | None = None
@@ -94,6 +101,7 @@ class Serving:
         self._seq = itertools.count(1)
         self._closed = False
         self.running: Job | None = None
+        self._cache_tenant: int | None = None  # whose request last filled the caches
         self.metrics.track_queue(lambda: self._queue.qsize(), lambda: int(self.running is not None))
 
     @property
@@ -106,14 +114,14 @@ class Serving:
         return self.engine.encode_prompt(prompt, messages)
 
     def submit(self, job: Job, sampling: SamplingParams, speculation: SpeculationConfig | None,
-               drafters: Sequence[str] | None) -> Job:
+               drafters: Sequence[str] | None, prediction: str | None = None) -> Job:
         """Queue a job. Raises ConfigError/PromptTooLongError now, before anything is queued."""
         if self._closed:
             raise RuntimeError("the server is shutting down")
         # NOTE: Engine.stream validates eagerly and takes the engine lock only when iterated,
         # so calling it here checks the request without waiting for the engine.
         job.generation = self.engine.stream(prompt_ids=job.prompt_ids, sampling=sampling, speculation=speculation,
-                                            cancelled=job.is_cancelled, drafters=drafters)
+                                            cancelled=job.is_cancelled, drafters=drafters, prediction=prediction)
         job.seq = next(self._seq)
         self._ensure_worker()
         self._queue.put(job)
@@ -161,6 +169,7 @@ class Serving:
             return
         job.started_at = time.monotonic()
         self.running = job
+        cache_visible, self._cache_tenant = self._cache_tenant == job.tenant, job.tenant
         gen = job.generation
         assert gen is not None
         try:
@@ -186,4 +195,4 @@ class Serving:
             job.endpoint, stats, queue_s=job.started_at - job.enqueued_at,
             total_s=now - job.enqueued_at,
             first_token_s=None if job.first_piece_at is None else job.first_piece_at - job.enqueued_at)
-        job.push(Finished(result))
+        job.push(Finished(result, cache_visible, job.predicted))

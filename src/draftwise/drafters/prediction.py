@@ -1,0 +1,88 @@
+"""Prediction drafter: the request's predicted output (OpenAI `prediction`) as a free draft.
+
+It keeps an alignment into the prediction: while the output follows it, the next tokens of
+the prediction are the draft. After a mismatch (the answer inserted, deleted or changed
+something) it re-synchronises the way a diff finds its next common line: the longest recent
+n-gram of the output that occurs in the prediction at or after the last aligned point,
+nearest first, marks where the output rejoined it. Until then it proposes nothing.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING, Sequence
+
+from draftwise.types import Draft, SamplingParams, SpeculationConfig
+
+if TYPE_CHECKING:
+    from draftwise.constraints import Grammar
+
+ANCHOR_MIN, ANCHOR_MAX = 2, 8  # n-gram lengths that can re-anchor the alignment
+# Score of a proposal: tokens matched in a row since the last (re)alignment, plus this much
+# at the start of the answer, where the prediction is the user's own statement of it.
+START_SCORE = 8
+
+
+class PredictionDrafter:
+    """Example: prediction [5, 6, 7, 8, 9], answer so far [5, 6, 4, 7, 8] (4 inserted): the
+    alignment breaks at 4, the anchor (7, 8) rejoins it, so the next proposal is (9,).
+    """
+
+    free = True
+
+    def __init__(self, name: str = "prediction") -> None:
+        self.name = name
+        self.prediction: tuple[int, ...] = ()
+        self._index: dict[tuple[int, ...], list[int]] = {}  # n-gram -> positions just after it
+        self._seen = -1  # context length already processed (-1: before the first proposal)
+        self._pos: int | None = 0  # next expected prediction index; None while out of sync
+        self._floor = 0  # the last aligned point: re-anchoring looks from here on
+        self._run = START_SCORE  # matched tokens in a row (the proposal's score)
+
+    def begin(self, sampling: SamplingParams, speculation: SpeculationConfig) -> None:
+        self.prediction = tuple(speculation.prediction)
+        index: dict[tuple[int, ...], list[int]] = defaultdict(list)
+        for n in range(ANCHOR_MIN, ANCHOR_MAX + 1):
+            for end in range(n, len(self.prediction) + 1):
+                index[self.prediction[end - n : end]].append(end)
+        self._index = dict(index)
+        self._seen, self._pos, self._floor, self._run = -1, 0, 0, START_SCORE
+
+    def _follow(self, context: Sequence[int]) -> None:
+        """Advance the alignment over the tokens committed since the last call."""
+        if self._seen < 0 or self._seen > len(context):
+            self._seen = len(context)  # the answer starts here
+            return
+        for token in context[self._seen :]:
+            if self._pos is not None and self._pos < len(self.prediction) and self.prediction[self._pos] == token:
+                self._pos += 1
+                self._run += 1
+            elif self._pos is not None:
+                self._floor, self._pos, self._run = self._pos, None, 0
+        self._seen = len(context)
+        if self._pos is None:
+            self._pos = self._anchor(context)
+
+    def _anchor(self, context: Sequence[int]) -> int | None:
+        """Where the output rejoined the prediction: the end of the longest recent output n-gram
+        found in the prediction at or after the last aligned point (nearest wins), or None."""
+        for n in range(min(ANCHOR_MAX, len(context)), ANCHOR_MIN - 1, -1):
+            ends = self._index.get(tuple(context[-n:]))
+            if ends:
+                ahead = [e for e in ends if e - n >= self._floor]
+                if ahead:
+                    self._run = n
+                    return min(ahead)
+        return None
+
+    def propose(self, context: Sequence[int], max_tokens: int, grammar: Grammar | None = None) -> Draft:
+        if not self.prediction:
+            return Draft((), source=self.name)
+        self._follow(context)
+        if self._pos is None or max_tokens <= 0:
+            return Draft((), source=self.name)
+        tokens = self.prediction[self._pos : self._pos + max_tokens]
+        return Draft(tokens, source=self.name, score=float(self._run))
+
+    def accept(self, num_accepted: int) -> None:
+        pass  # the alignment follows the committed context itself
