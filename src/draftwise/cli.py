@@ -71,6 +71,11 @@ def download_progress():
         bars.stop()
 
 
+def _say_skipped(engine) -> None:
+    for name, reason in engine.skipped_drafters.items():
+        click.echo(f"note: drafter {name!r} {reason}", err=True)
+
+
 def _stderr_console():
     from rich.console import Console
 
@@ -204,6 +209,7 @@ def generate(prompt, chat, system, draft, policy, k, max_tokens, temperature, to
     with download_progress() as report:
         engine = load_engine(target, draft, options=options, speculation=speculation, progress=report,
                              datastore=datastore)
+    _say_skipped(engine)
     messages = None
     if chat:
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
@@ -245,7 +251,9 @@ def demo(prompt, max_tokens, draft_model, target, backend, n_ctx, threads, dtype
 
     options = _load_options(backend, n_ctx, threads, dtype, device)
     with download_progress() as report:
-        engine = load_engine(target, f"ngram,{draft_model}", options=options, progress=report)
+        # The demo shows the draft model at fixed k too, so it is loaded whether or not it can pay here.
+        engine = load_engine(target, f"ngram,{draft_model}", options=options, progress=report,
+                             speculation=SpeculationConfig(policy="fixed"))
     messages = [{"role": "user", "content": prompt}]
     sampling = SamplingParams(max_tokens=max_tokens)
     runs = [
@@ -308,6 +316,7 @@ def serve(draft, policy, k, host, port, api_keys, log_requests, model_name, data
     with download_progress() as report:
         engine = load_engine(target, draft, options=options, speculation=speculation, progress=report,
                              datastore=datastore)
+    _say_skipped(engine)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")
     if not api_keys and host not in ("127.0.0.1", "localhost", "::1"):
         click.echo(f"warning: serving on {host} without --api-key; anyone who can reach it can use it", err=True)
@@ -407,6 +416,7 @@ def bench(suite, prompts_file, categories, methods, max_tokens, temperature, dra
     free = ["ngram", "suffix", "grammar", "prediction"] + (["datastore"] if datastore else [])
     specs = parse_methods(methods, free + (["draft"] if draft_model else []))
     need_draft = any("draft" in m.drafters for m in specs)
+    auto_only = all(m.policy == "auto" for m in specs if "draft" in m.drafters)
     config = BenchConfig(methods=tuple(m.name for m in specs), max_tokens=max_tokens, temperatures=temperature,
                          ks=ks, branches=branches, draft_temperatures=draft_temperature, repeats=repeats,
                          context_lengths=context_lengths if context_sweep else (), seed=seed, top_k=top_k,
@@ -421,7 +431,9 @@ def bench(suite, prompts_file, categories, methods, max_tokens, temperature, dra
     options = replace(_load_options(backend, n_ctx, threads, dtype, device), n_seq_max=max(config.branches))
     with download_progress() as report:
         loaded = load_bench_engine(target, draft_model, need_draft=need_draft, options=options, progress=report,
-                                   datastore=datastore)
+                                   datastore=datastore, auto_only=auto_only)
+    _say_skipped(loaded.engine)
+    need_draft = need_draft and not loaded.engine.skipped_drafters
     meta = {"target": target, "draft_model": draft_model if need_draft else None, "prompts": source,
             "num_prompts": len(chosen), "backend": backend, "n_ctx": n_ctx, "threads": threads,
             "memory": loaded.memory}

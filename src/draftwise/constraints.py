@@ -161,7 +161,7 @@ class Grammar:
         self.vocab_size = vocab_size
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self._words = (vocab_size + 31) // 32
-        self.num_masks = 0  # masks computed (this Grammar and its forks' own counts are apart)
+        self.num_masks = 0  # masks this Grammar computed (a fork counts its own)
         self.mask_ms = 0.0
 
     def fork(self) -> "Grammar":

@@ -140,6 +140,8 @@ class Engine:
             if draft_backend is not None:
                 check_tokenizers(target, draft_backend)
         self.speculation = speculation or SpeculationConfig()
+        # Drafters the loader left out, and why (a draft model that cannot pay on this machine).
+        self.skipped_drafters: dict[str, str] = {}
         self._policies: dict[tuple[str, tuple[str, ...]], Policy] = {}
         self._policy_override = policy
         self._lock = threading.Lock()
@@ -211,6 +213,9 @@ class Engine:
         chosen = self.drafters if drafters is None else [d for d in self.drafters if d.name in drafters]
         if drafters is not None and len(chosen) != len(set(drafters)):
             known = ", ".join(d.name for d in self.drafters) or "none"
+            for name in drafters:
+                if name in self.skipped_drafters:
+                    raise ConfigError(f"drafter {name!r} was {self.skipped_drafters[name]}")
             raise ConfigError(f"unknown drafter in {list(drafters)}; this engine has: {known}")
         # A bad schema or grammar fails here, before the request is queued (compiling is ~1 ms
         # once the model's tokenizer adapter is built).
@@ -286,6 +291,7 @@ class Engine:
                 stats.num_generated = len(req.generated)
                 stats.policy = req.policy.snapshot()
                 stats.num_draft_reused_tokens = sum(getattr(d, "num_reused_tokens", 0) for d in drafters)
+                stats.skipped_drafters = dict(self.skipped_drafters)
                 if req.grammar is not None:
                     stats.num_masks, stats.mask_ms = req.grammar.num_masks, req.grammar.mask_ms
                 if len(text) > emitted:

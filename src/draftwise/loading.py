@@ -17,7 +17,7 @@ from draftwise.drafters import ModelDrafter, NgramDrafter
 from draftwise.drafters.grammar import GrammarDrafter
 from draftwise.drafters.prediction import PredictionDrafter
 from draftwise.drafters.suffix import SuffixDrafter
-from draftwise.engine import Engine
+from draftwise.engine import Engine, check_tokenizers
 from draftwise.types import ConfigError, SpeculationConfig
 
 BACKENDS = ("auto", "llamacpp", "hf")
@@ -96,6 +96,26 @@ def free_drafter(name: str, options: LoadOptions = LoadOptions()):
     raise ConfigError(f"unknown free drafter {name!r}; choose from {', '.join(FREE_DRAFTERS)}")
 
 
+def draft_model_verdict(target: Backend, draft: Backend, speculation: SpeculationConfig | None) -> str:
+    """Why a draft model is not worth its memory here ('' if it may pay, or the policy is not auto).
+
+    From both models' calibrated costs (measured once, cached): the speedup of a draft whose
+    every token is accepted, at its best k. At or below the auto policy's minimum gain it can
+    never be chosen, so keeping it loaded costs memory for nothing.
+    """
+    from draftwise.calibrate import load_or_measure
+    from draftwise.policy_auto import MAX_K, MIN_GAIN, best_case_draft_speedup
+
+    if speculation is not None and speculation.policy != "auto":
+        return ""
+    best, k = best_case_draft_speedup(load_or_measure(target, max_n=MAX_K + 1), load_or_measure(draft, max_n=MAX_K))
+    if best > MIN_GAIN:
+        return ""
+    return (f"not loaded: even with every draft token accepted it would run at {best:.2f}x of plain decoding "
+            f"on this machine (best k = {k}, from the calibrated costs), below the {MIN_GAIN:.2f}x the auto policy "
+            "needs; --policy fixed loads it anyway")
+
+
 def datastore_drafter(path: str):
     from draftwise.drafters.datastore import DatastoreDrafter
 
@@ -112,20 +132,37 @@ def load_engine(
     draft_options: LoadOptions | None = None,
     datastore: str | None = None,
 ) -> Engine:
-    """Load the target, the drafters and an Engine. Raises ConfigError/ModelError/BackendError."""
+    """Load the target, the drafters and an Engine. Raises ConfigError/ModelError/BackendError.
+
+    Under the auto policy (the default) a draft model that could not beat plain decoding on this
+    machine even if every token were accepted is unloaded again after calibration (see
+    draft_model_verdict); `engine.skipped_drafters` says why.
+    """
     drafter_names = parse_drafters(draft)
     target_backend = load_backend(target, options, progress)
-    drafters = []
+    drafters, skipped = [], {}
     try:
         for name in drafter_names:
             if name in FREE_DRAFTERS:
                 drafters.append(free_drafter(name, options))
+                continue
+            draft_backend = load_backend(name, draft_options or replace(options, n_seq_max=1), progress)
+            try:
+                check_tokenizers(target_backend, draft_backend)  # before any calibration of a useless draft
+            except BaseException:
+                draft_backend.close()
+                raise
+            reason = draft_model_verdict(target_backend, draft_backend, speculation)
+            if reason:
+                draft_backend.close()
+                skipped["draft"] = reason
             else:
-                draft_backend = load_backend(name, draft_options or replace(options, n_seq_max=1), progress)
                 drafters.append(ModelDrafter(draft_backend, name="draft"))
         if datastore:
             drafters.append(datastore_drafter(datastore))
-        return Engine(target_backend, drafters, speculation=speculation)
+        engine = Engine(target_backend, drafters, speculation=speculation)
+        engine.skipped_drafters = skipped
+        return engine
     except BaseException:
         target_backend.close()
         for d in drafters:

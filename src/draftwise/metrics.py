@@ -46,6 +46,7 @@ class RequestStats:
     drafted_by: Counter = field(default_factory=Counter)  # drafter name -> draft tokens verified
     accepted_by: Counter = field(default_factory=Counter)  # drafter name -> draft tokens accepted
     policy: dict = field(default_factory=dict)  # the policy's final estimates
+    skipped_drafters: dict = field(default_factory=dict)  # drafter -> why it was not loaded
 
     def record(self, step: StepStats) -> None:
         self.num_steps += 1
@@ -110,6 +111,7 @@ class RequestStats:
             "num_reused_tokens": self.num_reused_tokens,
             "num_draft_reused_tokens": self.num_draft_reused_tokens,
             "num_generated": self.num_generated,
+            "num_eos": self.num_eos,
             "num_drafted": self.num_drafted,
             "num_accepted": self.num_accepted,
             "num_steps": self.num_steps,
@@ -139,4 +141,5 @@ class RequestStats:
             "accepted_by_drafter": dict(self.accepted_by),
             "k_choices": {str(k): v for k, v in sorted(self.k_choices.items())},
             "policy": self.policy,
+            "skipped_drafters": self.skipped_drafters,
         }

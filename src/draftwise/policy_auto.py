@@ -38,7 +38,7 @@ NGRAM_PRIORS = (0.25, 0.35, 0.45, 0.5, 0.6, 0.7, 0.8, 0.9)
 DRAFT_MODEL_PRIOR = 0.7
 # ESTIMATE_KEYS: a free drafter's estimate is keyed by its name, proposal kind and match
 # length only, whatever the other lookups propose. Keying it also by agreement with the
-# other lookups (stop 9) split it into slowly learned parts: replayed on the full suite,
+# other lookups (tried 2026-11-30) split it into slowly learned parts: replayed on the full suite,
 # the three-lookup set lost 1 point of speedup overall and 3 on summarization, and fell
 # below its best member; without it, it equals it.
 
@@ -51,6 +51,21 @@ LOAD_ALPHA = 0.1
 SHAPE_ALPHA = 0.03
 # Proposals awaiting the committed tokens that score them (shadow scoring), at most.
 MAX_SHADOWS = 64
+
+
+def best_case_draft_speedup(target_cost: CostCurve, draft_cost: CostCurve, max_k: int = MAX_K) -> tuple[float, int]:
+    """(speedup over plain decoding, k) of a draft model whose every token is accepted: the most
+    it could ever gain on this machine. Drafting k tokens costs k draft forwards of one token;
+    verifying them one target forward of k + 1. Example: a draft at 0.7 of a target token and
+    verification of k tokens at 0.6 k target tokens -> below 1 for every k: it can never pay.
+    """
+    plain = target_cost.ms(1)
+    best, best_k = 0.0, 0
+    for k in range(1, max_k + 1):
+        rate = (k + 1) / (draft_cost.ms(1) * k + target_cost.ms(k + 1))
+        if rate * plain > best:
+            best, best_k = rate * plain, k
+    return best, best_k
 
 
 def ngram_bucket(match_length: float) -> int:

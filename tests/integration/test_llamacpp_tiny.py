@@ -7,7 +7,7 @@ from draftwise.backends.base import BackendError, ContextOverflowError
 from draftwise.backends.llamacpp import LlamaCppBackend
 from draftwise.drafters import ModelDrafter, NgramDrafter
 from draftwise.engine import Engine, TokenizerMismatchError
-from draftwise.types import SamplingParams, SpeculationConfig
+from draftwise.types import ConfigError, SamplingParams, SpeculationConfig
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n"
 
@@ -173,3 +173,39 @@ def test_constrained_greedy_speculative_equals_constrained_plain(tiny_gguf_dir, 
     finally:
         target.close()
         twin.close()
+
+
+@pytest.mark.parametrize("verify_per_token, loaded", [(0.6, False), (0.05, True)])
+def test_a_draft_model_that_cannot_pay_is_not_kept(tiny_gguf_dir, monkeypatch, verify_per_token, loaded):
+    """Synthetic calibrations: a draft token at 0.7 of a target token and verification of k tokens
+    at 0.6 k plain steps (this CPU) -> never worth it, so the auto default unloads it; with nearly
+    free verification (a GPU) it stays. --policy fixed keeps it either way."""
+    from draftwise import calibrate
+    from draftwise.calibrate import CostCurve
+    from draftwise.loading import LoadOptions, load_engine
+
+    def fake(backend, **_):
+        if backend.name == "draft.gguf":
+            return CostCurve.linear(21.0, 21.0, max_n=32)
+        return CostCurve(tuple((n, 30.0 * (1 + verify_per_token * (n - 1))) for n in range(1, 34)))
+
+    monkeypatch.setattr(calibrate, "load_or_measure", fake)
+    options = LoadOptions(n_ctx=256, threads=1)
+    engine = load_engine(str(tiny_gguf_dir / "target.gguf"), f"ngram,{tiny_gguf_dir / 'draft.gguf'}", options=options)
+    try:
+        assert ("draft" in [d.name for d in engine.drafters]) == loaded
+        assert bool(engine.skipped_drafters) == (not loaded)
+        stats = engine.generate("hello", sampling=SamplingParams(max_tokens=4),
+                                speculation=SpeculationConfig(policy="fixed", max_draft_tokens=2),
+                                drafters=["ngram"]).stats
+        assert ("draft" in stats.to_dict()["skipped_drafters"]) == (not loaded)
+        if not loaded:
+            assert "0." in engine.skipped_drafters["draft"] and "x of plain decoding" in engine.skipped_drafters["draft"]
+            with pytest.raises(ConfigError, match="was not loaded"):
+                engine.generate("hello", drafters=["draft"])
+    finally:
+        engine.target.close()
+    fixed = load_engine(str(tiny_gguf_dir / "target.gguf"), str(tiny_gguf_dir / "draft.gguf"), options=options,
+                        speculation=SpeculationConfig(policy="fixed"))
+    assert [d.name for d in fixed.drafters] == ["draft"]
+    fixed.target.close()

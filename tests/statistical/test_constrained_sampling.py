@@ -17,10 +17,10 @@ from draftwise.drafters.grammar import GrammarDrafter
 from draftwise.engine import Engine
 from draftwise.sampling import target_probs
 from draftwise.types import SamplingParams, SpeculationConfig
-from tests.statistical.test_sequence_level import DRAFT, PROMPT, TARGET, VOCAB, check
+from tests.statistical import test_sequence_level as sequence_level
+from tests.statistical.test_sequence_level import DRAFT, LENGTH, PROMPT, TARGET, VOCAB, check
 
 CONSTRAINT = Constraint.regex("[ab][a-d]c[a-d]*")  # tokens: 0 EOS, 1 a, 2 b, 3 c, 4 d
-LENGTH = 3
 NUM_SAMPLES = 8_000
 
 
@@ -41,14 +41,7 @@ def exact_masked_joint(params: SamplingParams) -> dict[tuple[int, ...], float]:
 
 
 def sample_joint(engine, params, speculation, drafters):
-    counts = {}
-    for seed in range(NUM_SAMPLES):
-        sp = SamplingParams(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=seed,
-                            max_tokens=LENGTH, constraint=CONSTRAINT)
-        key = tuple(engine.generate(prompt_ids=PROMPT, sampling=sp, speculation=speculation,
-                                    drafters=drafters).token_ids)
-        counts[key] = counts.get(key, 0) + 1
-    return counts
+    return sequence_level.sample_joint(engine, params, speculation, drafters, NUM_SAMPLES, constraint=CONSTRAINT)
 
 
 def engine():

@@ -138,3 +138,13 @@ def test_competing_load_counts_other_processes_only():
         r["other_cpu_share"] = 0.4 if i == 0 else 0.02
     assert "competed" not in render_markdown(quiet) and "2%–2% of the machine" in render_markdown(quiet)
     assert "competed for the CPU in 1 of 9 runs" in render_markdown(busy)
+
+
+def test_the_report_states_the_always_right_ceiling_of_its_calibration():
+    from draftwise.bench.report import always_right_ceiling
+
+    assert always_right_ceiling({"1": 30, "2": 45, "4": 60}) == (2.0, 3)
+    assert always_right_ceiling(None) is None
+    speedup, k = always_right_ceiling(fake_results()["meta"]["calibration"]["target"])  # 16 rows cost 250 ms
+    assert k == 15 and speedup == pytest.approx(16 * 30 / 250)
+    assert f"**{speedup:.2f}x** at k = 15" in render_markdown(fake_results())

@@ -252,3 +252,14 @@ def test_each_kind_of_proposal_has_its_own_estimate():
     policy.plan(PlanState(context=[1], max_k=4))
     assert not policy._estimates[("suffix:live", bucket)].trials
     assert f"suffix:history/{bucket}" in policy.snapshot()["acceptance"]
+
+
+def test_best_case_draft_speedup_from_the_cost_curves():
+    from draftwise.policy_auto import best_case_draft_speedup
+
+    cpu_target = CostCurve(tuple((n, 30.0 * (1 + 0.6 * (n - 1))) for n in range(1, 34)))
+    best, _ = best_case_draft_speedup(cpu_target, CostCurve.linear(21.0, 21.0))
+    assert best < 1.0  # this CPU: a perfect draft model still loses
+    gpu_target = CostCurve(tuple((n, 30.0 + 0.3 * (n - 1)) for n in range(1, 34)))
+    best, k = best_case_draft_speedup(gpu_target, CostCurve.linear(3.0, 3.0))
+    assert best > 3.0 and k > 4

@@ -163,6 +163,10 @@ def render_markdown(results: dict, plots: Sequence[str] = ()) -> str:
                + f"repeats {config.get('repeats')} (median kept); "
                f"{len(records)} records{'' if results.get('complete') else ' (run incomplete)'}.")
     out += ["", HOW_MEASURED, ""]
+    ceiling = always_right_ceiling(meta.get("calibration", {}).get("target"))
+    if ceiling:
+        out += [f"Always-right ceiling from this run's calibration: **{ceiling[0]:.2f}x** at k = {ceiling[1]} (a drafter "
+                "whose every token is accepted, at no drafting cost: best over k of (k+1)·cost(1)/cost(k+1)).", ""]
     other = [r["other_cpu_share"] for r in records if r.get("other_cpu_share") is not None]
     if other:
         busy = [x for x in other if x > COMPETING_SHARE]
@@ -225,6 +229,19 @@ def render_markdown(results: dict, plots: Sequence[str] = ()) -> str:
     if plots:
         out += ["## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots] + [""]
     return "\n".join(out)
+
+
+def always_right_ceiling(curve: dict | None) -> tuple[float, int] | None:
+    """(speedup, k) of a free drafter that is always right, from a calibration {n: ms}.
+
+    Example: {"1": 30, "2": 45, "4": 60} -> (2.0, 3): four tokens for the price of two steps.
+    """
+    if not curve or "1" not in curve:
+        return None
+    from draftwise.calibrate import CostCurve
+
+    cost = CostCurve(tuple(sorted((int(n), float(ms)) for n, ms in curve.items())))
+    return max(((k + 1) * cost.ms(1) / cost.ms(k + 1), k) for k in range(1, cost.max_n))
 
 
 def structured_rows(records: Sequence[dict]) -> list[tuple]:

@@ -540,16 +540,18 @@ class LoadedBench:
 
 
 def load_bench_engine(target: str, draft_model: str | None, *, need_draft: bool, options, progress=None,
-                      datastore: str | None = None) -> LoadedBench:
+                      datastore: str | None = None, auto_only: bool = False) -> LoadedBench:
     """Load the target (+ n-gram drafter) and, only if a method needs it, the draft model.
 
     Resident memory is read before loading, after the target has decoded a few tokens,
     and after the draft model has too (mapped weights count once touched), so the draft
-    model's memory overhead is the difference: target+draft minus target alone.
+    model's memory overhead is the difference: target+draft minus target alone. When only
+    auto methods want it (auto_only), a draft model that cannot pay here is not kept, as in
+    load_engine: the memory column then shows what the default costs.
     """
     from draftwise.drafters import ModelDrafter
     from draftwise.engine import Engine
-    from draftwise.loading import FREE_DRAFTERS, datastore_drafter, free_drafter, load_backend
+    from draftwise.loading import FREE_DRAFTERS, datastore_drafter, draft_model_verdict, free_drafter, load_backend
 
     memory = {"rss_start_mb": round(current_rss_mb(), 1)}
     target_backend = load_backend(target, options, progress)
@@ -565,13 +567,21 @@ def load_bench_engine(target: str, draft_model: str | None, *, need_draft: bool,
             raise ConfigError("a method needs the draft model, but none is set (--draft-model)")
         try:
             draft_backend = load_backend(draft_model, replace(options, n_seq_max=1), progress)
-            engine = Engine(target_backend, [*free, ModelDrafter(draft_backend, name="draft")])
+            reason = draft_model_verdict(target_backend, draft_backend, None) if auto_only else ""
+            if reason:
+                draft_backend.close()
+            else:
+                engine = Engine(target_backend, [*free, ModelDrafter(draft_backend, name="draft")])
         except BaseException:
             target_backend.close()
             raise
-        _touch(engine, "draft")
-        memory["rss_target_and_draft_mb"] = round(current_rss_mb(), 1)
-        memory["draft_overhead_mb"] = round(memory["rss_target_and_draft_mb"] - memory["rss_target_mb"], 1)
+        if reason:
+            engine.skipped_drafters = {"draft": reason}
+            memory["draft_skipped"] = reason
+        else:
+            _touch(engine, "draft")
+            memory["rss_target_and_draft_mb"] = round(current_rss_mb(), 1)
+            memory["draft_overhead_mb"] = round(memory["rss_target_and_draft_mb"] - memory["rss_target_mb"], 1)
     memory["peak_rss_after_load_mb"] = round(peak_rss_mb(), 1)
     return LoadedBench(engine, memory)
 
