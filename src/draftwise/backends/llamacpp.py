@@ -52,9 +52,13 @@ class LlamaCppTokenizer:
 
     def llguidance_tokenizer(self, n_vocab: int):
         """llguidance's adapter over this vocabulary (it tokenises with llama.cpp itself)."""
+        import warnings
+
         from llguidance.llamacpp import lltokenizer_from_vocab
 
-        return lltokenizer_from_vocab(self._vocab, n_vocab=n_vocab, eos_token=self._grammar_eos())
+        with warnings.catch_warnings():  # it calls a deprecated per-token getter 150k times
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return lltokenizer_from_vocab(self._vocab, n_vocab=n_vocab, eos_token=self._grammar_eos())
 
     def _grammar_eos(self) -> int:
         """The end-of-generation token a grammar allows when the answer is complete: the
