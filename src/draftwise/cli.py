@@ -197,8 +197,9 @@ def generate(prompt, chat, system, draft, policy, k, max_tokens, temperature, to
     prediction = None
     if prediction_file is not None:
         prediction = sys.stdin.read() if prediction_file == "-" else Path(prediction_file).read_text()
-        if "prediction" not in parse_drafters(draft):  # a prediction needs its drafter
-            draft = ",".join([*parse_drafters(draft), "prediction"])
+        names = parse_drafters(draft)
+        if "prediction" not in names:  # a prediction needs its drafter
+            draft = ",".join([*names, "prediction"])
 
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                               max_tokens=max_tokens, stop=tuple(stop),

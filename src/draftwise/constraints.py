@@ -163,6 +163,7 @@ class Grammar:
         self._words = (vocab_size + 31) // 32
         self.num_masks = 0  # masks this Grammar computed (a fork counts its own)
         self.mask_ms = 0.0
+        self._here: np.ndarray | None = None  # allowed [V] at the current state, once computed
 
     def fork(self) -> "Grammar":
         return Grammar(self._matcher.deep_copy(), self.vocab_size, eos_token_ids=self.eos_token_ids)
@@ -178,12 +179,20 @@ class Grammar:
         return unpacked[:, : self.vocab_size].view(bool)
 
     def allowed(self) -> np.ndarray:
-        """allowed [V] (bool): the tokens the grammar accepts next."""
-        return self.masks(())[0]
+        """allowed [V] (bool): the tokens the grammar accepts next (kept until the state moves:
+        forced() and the step's masks() ask for the same state)."""
+        if self._here is None:
+            self._here = self._compute(())[0]
+        return self._here
 
     def masks(self, draft_ids: Sequence[int]) -> np.ndarray:
         """allowed [len(draft_ids) + 1, V]: at the committed state and after each draft token
         (every draft token must be valid: see valid_prefix). The state does not move."""
+        if not draft_ids:
+            return self.allowed()[None, :]
+        return np.concatenate([self.allowed()[None, :], self._compute(draft_ids)[1:]])
+
+    def _compute(self, draft_ids: Sequence[int]) -> np.ndarray:
         t0 = time.perf_counter()
         bits = np.zeros((len(draft_ids) + 1, self._words), dtype=np.int32)
         if draft_ids:
@@ -196,8 +205,9 @@ class Grammar:
             except BaseException:
                 self._matcher.rollback(i)
                 raise
-        self._fill(bits[0])
-        self.num_masks += len(bits)
+        else:
+            self._fill(bits[0])
+        self.num_masks += len(bits) - (1 if draft_ids else 0)
         self.mask_ms += 1000 * (time.perf_counter() - t0)
         return self._bits_to_bool(bits)
 
@@ -211,6 +221,7 @@ class Grammar:
     def consume(self, token_ids: Sequence[int]) -> None:
         """Advance by committed tokens; each must be allowed (they were sampled under the mask)."""
         for token in token_ids:
+            self._here = None
             if not self._matcher.consume_token(int(token)):
                 raise ConstraintError(f"token {token} does not satisfy the grammar: "
                                       f"{_first_line(self._matcher.get_error())}")

@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from draftwise.backends.base import BackendError, Capabilities, ContextOverflowError, utf8
+from draftwise.backends.base import BackendError, Capabilities, ContextOverflowError
 from draftwise.types import ConfigError
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
@@ -64,7 +64,6 @@ class HFTokenizer:
 
     def encode(self, text: str, *, add_special: bool = True) -> list[int]:
         # Special-token text ("<|im_start|>") maps to its control token, as in llama.cpp.
-        utf8(text)  # a lone surrogate is refused by name, before the tokenizer fails on it
         return list(self._tok.encode(text, add_special_tokens=add_special))
 
     def decode(self, ids: Sequence[int]) -> str:
