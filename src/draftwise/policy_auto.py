@@ -142,26 +142,86 @@ class _Scale:
             self.value += self.alpha * (ratio - self.value)
 
 
+class TargetTime:
+    """The target's forward time over n rows: calibrated curve x load x shape(n).
+
+    The load (the shared machine speeding up or slowing down) moves fast; shape(n), how far
+    the calibration is off for one batch size relative to a plain step (shape(1) = 1), is a
+    property of the model and moves slowly, so a few noisy verifications cannot swing the
+    choice of k. One per engine: every request's policy reads and feeds the same one, and a
+    batched forward over several requests' rows is observed once, at its total rows.
+    """
+
+    def __init__(self, target=None, curve: CostCurve | None = None, *, max_n: int = MAX_K + 1) -> None:
+        if curve is None and target is None:
+            raise ValueError("the auto policy needs a target cost curve or a target backend to calibrate")
+        self.target, self._curve, self.max_n = target, curve, max_n
+        self.load = _Scale(alpha=LOAD_ALPHA)
+        self.shapes: dict[int, _Scale] = {}
+
+    @property
+    def curve(self) -> CostCurve:
+        if self._curve is None:
+            self._curve = load_or_measure(self.target, max_n=self.max_n)
+        return self._curve
+
+    def shape(self, n: int) -> float:
+        shape = self.shapes.get(n)
+        return shape.value if shape is not None else 1.0
+
+    def ms(self, n: int) -> float:
+        """Calibrated cost, corrected by the observed load and (once seen) this size's shape."""
+        return self.curve.ms(n) * self.load.value * self.shape(n)
+
+    def observe(self, n: int, ms: float) -> None:
+        """A forward over n rows took ms."""
+        calibrated = self.curve.ms(n)
+        self.load.update(ms, calibrated * self.shape(n))
+        if n > 1:  # shapes are relative to a plain step, which defines the load
+            shape = self.shapes.setdefault(n, _Scale(alpha=SHAPE_ALPHA))
+            shape.update(ms, calibrated * self.load.value)
+
+
+@dataclass
+class _Option:
+    """One way a request may draft this step: drafter, expected tokens and draft time per k."""
+
+    drafter: Drafter
+    expected: list[float]  # E(k) for k = 0..len-1
+    first_ms: float = 0.0  # a model drafter: its first token (catching up), then step_ms each
+    step_ms: float = 0.0
+    draft: Draft | None = None  # a free drafter's proposal
+    key: tuple[str, int] | None = None  # the estimate a model drafter's verdict updates
+
+    def draft_ms(self, k: int) -> float:
+        return 0.0 if k == 0 else self.first_ms + self.step_ms * (k - 1)
+
+
+@dataclass
+class _Menu:
+    policy: "AutoPolicy"
+    num_forced: int
+    options: list[_Option]
+    consulted: list[Drafter]
+
+
 class AutoPolicy:
     name = "auto"
 
     def __init__(self, target=None, *, target_cost: CostCurve | None = None,
                  draft_costs: dict[str, CostCurve] | None = None, max_k: int = MAX_K,
-                 calibrate: bool = True, lookup_share: float = LOOKUP_SHARE) -> None:
+                 calibrate: bool = True, lookup_share: float = LOOKUP_SHARE,
+                 time: TargetTime | None = None) -> None:
         self.target = target
         self.lookup_share = lookup_share
-        self.target_cost = target_cost
         self.draft_costs = dict(draft_costs or {})
         self.max_k = max_k
         self.calibrate = calibrate
+        if time is None and (target_cost is not None or (target is not None and calibrate)):
+            time = TargetTime(target, target_cost, max_n=max_k + 1)
+        self.time = time
         self._drafters: list[Drafter] = []
         self._estimates: dict[tuple[str, int], AcceptanceEstimate] = {}
-        # Observed target time = calibrated(n) x load x shape(n). The load (the shared machine
-        # speeding up or slowing down) moves fast; shape(n), how far the calibration is off
-        # for one batch size relative to a plain step (shape(1) = 1), is a property of the
-        # model and moves slowly, so a few noisy verifications cannot swing the choice of k.
-        self._target_scale = _Scale(alpha=LOAD_ALPHA)
-        self._target_shape: dict[int, _Scale] = {}
         self._draft_scale: dict[str, _Scale] = {}
         # (estimate key the verdict updates, calibrated draft ms): a key only for a model
         # drafter; free drafters' estimates are updated by shadow scoring instead.
@@ -172,14 +232,17 @@ class AutoPolicy:
         self._shadows: list[_Shadow] = []  # proposals not yet scored against committed tokens
         self.last_decision: dict = {}
 
+    @property
+    def target_cost(self) -> CostCurve:
+        return self.time.curve
+
     # ---------------------------------------------------------------- set-up
     def begin(self, drafters: Sequence[Drafter], speculation: SpeculationConfig) -> None:
         self._drafters = list(drafters) if speculation.enabled else []
         self._shadows.clear()  # a new request: earlier proposals refer to another context
-        if self.target_cost is None:
-            if self.target is None or not self.calibrate:
-                raise ValueError("the auto policy needs a target cost curve or a target backend to calibrate")
-            self.target_cost = load_or_measure(self.target, max_n=self.max_k + 1)
+        if self.time is None:
+            raise ValueError("the auto policy needs a target cost curve or a target backend to calibrate")
+        self.time.curve  # calibrate now (once per model and machine), not inside a step
         for d in self._drafters:
             backend = getattr(d, "backend", None)
             if backend is not None and d.name not in self.draft_costs:
@@ -193,13 +256,8 @@ class AutoPolicy:
             est = self._estimates[key] = AcceptanceEstimate(prior=prior)
         return est
 
-    def _shape(self, n: int) -> float:
-        shape = self._target_shape.get(n)
-        return shape.value if shape is not None else 1.0
-
     def _target_ms(self, n: int) -> float:
-        """Calibrated cost, corrected by the observed load and (once seen) this size's shape."""
-        return self.target_cost.ms(n) * self._target_scale.value * self._shape(n)
+        return self.time.ms(n)
 
     # ---------------------------------------------------------------- planning
     def _score_shadows(self, context: Sequence[int]) -> None:
@@ -218,14 +276,13 @@ class AutoPolicy:
         self._shadows = pending[-MAX_SHADOWS:]
 
     def plan(self, state: PlanState) -> Plan:
+        return plan_batch([self], [state])[0]
+
+    def menu(self, state: PlanState) -> _Menu:
+        """This step's options: free drafters' proposals (consulted now) and draft models."""
         self._score_shadows(state.context)
-        plain_ms = self._target_ms(1)
-        # Grammar-forced tokens ride in this step's forward whatever is drafted: rates count
-        # them and their rows (m = 0 without a constraint).
-        m = state.num_forced
-        best_rate, best = MIN_GAIN * (m + 1) / self._target_ms(m + 1), Plan(None, 0)
-        best_info: tuple = (None, 0.0)
         k_cap = min(self.max_k, state.max_k)
+        options: list[_Option] = []
         consulted: list[Drafter] = []
         for drafter in self._drafters if k_cap > 0 else ():
             if not drafter.free:
@@ -252,60 +309,49 @@ class AutoPolicy:
             key = (f"{drafter.name}:{draft.kind}" if draft.kind else drafter.name, bucket)
             est = self._estimate(key, NGRAM_PRIORS[bucket])
             self._shadows.append(_Shadow(key, len(state.context), tuple(draft.token_ids)))
-            expected = est.expected_tokens(len(draft))
-            for k in range(1, len(draft) + 1):
-                t = self._target_ms(m + k + 1)
-                if (m + expected[k]) / t > best_rate:
-                    best_rate = (m + expected[k]) / t
-                    best = Plan(drafter, k, draft.truncated(k))
-                    best_info = (None, 0.0)  # shadow scoring covers this proposal
+            options.append(_Option(drafter, est.expected_tokens(len(draft)), draft=draft))
         for drafter in self._drafters if k_cap > 0 else ():
             if drafter.free:
                 continue
             key = (drafter.name, 0)
-            est = self._estimate(key, DRAFT_MODEL_PRIOR)
             cost = self.draft_costs[drafter.name]
             scale = self._draft_scale.setdefault(drafter.name, _Scale()).value
             backend = getattr(drafter, "backend", None)
             missing = max(1, len(state.context) - (backend.num_cached if backend is not None else 0))
-            first_ms = cost.ms(min(missing, cost.max_n)) * scale
-            step_ms = cost.ms(1) * scale
-            expected = est.expected_tokens(k_cap)
-            for k in range(1, k_cap + 1):
-                draft_ms = first_ms + step_ms * (k - 1)
-                t = draft_ms + self._target_ms(m + k + 1)
-                if (m + expected[k]) / t > best_rate:
-                    best_rate = (m + expected[k]) / t
-                    best = Plan(drafter, k)
-                    best_info = (key, draft_ms / scale)  # unscaled
-            if best.drafter is drafter and hasattr(drafter, "min_confidence"):
-                # Stop drafting when the draft's own confidence is below what one more
-                # token must earn: (its draft + verify cost) x the plain rate.
-                marginal_ms = step_ms + self._target_ms(m + best.k + 1) - self._target_ms(m + best.k)
-                drafter.min_confidence = min(0.95, max(0.0, marginal_ms / plain_ms) * 0.5)
-        for drafter in consulted:
-            name = drafter.name
-            if best.drafter is drafter or self._lookup_ms[name] <= self.lookup_share * plain_ms:
+            options.append(_Option(drafter, self._estimate(key, DRAFT_MODEL_PRIOR).expected_tokens(k_cap),
+                                   first_ms=cost.ms(min(missing, cost.max_n)) * scale,
+                                   step_ms=cost.ms(1) * scale, key=key))
+        return _Menu(self, state.num_forced, options, consulted)
+
+    def conclude(self, menu: _Menu, option: _Option | None, k: int, rows: int, rate: float) -> Plan:
+        """Settle this request's choice (option, k) in a forward of `rows` rows in all."""
+        plain_ms = self._target_ms(1)
+        best = Plan(None, 0) if option is None or k == 0 else Plan(option.drafter, k, option.draft and option.draft.truncated(k))
+        drafter = best.drafter
+        if drafter is not None and not drafter.free and hasattr(drafter, "min_confidence"):
+            # Stop drafting when the draft's own confidence is below what one more
+            # token must earn: (its draft + verify cost) x the plain rate.
+            marginal_ms = option.step_ms + self._target_ms(rows + 1) - self._target_ms(rows)
+            drafter.min_confidence = min(0.95, max(0.0, marginal_ms / plain_ms) * 0.5)
+        for consulted in menu.consulted:
+            name = consulted.name
+            if drafter is consulted or self._lookup_ms[name] <= self.lookup_share * plain_ms:
                 self._backoff[name] = 0
             else:
                 self._backoff[name] = min(MAX_BACKOFF, max(1, 2 * self._backoff.get(name, 0)))
                 self._skip[name] = self._backoff[name] - 1
-        self._last = best_info
-        self.last_decision = {"drafter": best.drafter.name if best.drafter else "none", "k": best.k,
-                              "expected_tokens_per_s": 1000 * best_rate}
+        scale = self._draft_scale.get(drafter.name) if drafter is not None else None
+        self._last = (option.key, option.draft_ms(k) / scale.value) if option is not None and option.key and k else (None, 0.0)
+        self.last_decision = {"drafter": drafter.name if drafter else "none", "k": best.k,
+                              "expected_tokens_per_s": 1000 * rate}
         return best
 
     def observe(self, step: StepStats) -> None:
         if self._last is None:
             return
         key, predicted_draft = self._last
-        n = step.num_drafted + step.num_forced + 1
-        if step.num_branches == 1:
-            calibrated = self.target_cost.ms(n)
-            self._target_scale.update(step.verify_ms, calibrated * self._shape(n))
-            if n > 1:  # shapes are relative to a plain step, which defines the load
-                shape = self._target_shape.setdefault(n, _Scale(alpha=SHAPE_ALPHA))
-                shape.update(step.verify_ms, calibrated * self._target_scale.value)
+        if step.num_branches == 1 and not step.batch_rows:
+            self.time.observe(step.num_drafted + step.num_forced + 1, step.verify_ms)
         if step.num_drafted and key is not None:
             self._estimates[key].update(step.num_drafted, step.num_accepted)
             if predicted_draft > 0 and key[0] in self._draft_scale:
@@ -316,9 +362,54 @@ class AutoPolicy:
         return {
             "policy": self.name,
             "target_cost_ms": {n: round(self._target_ms(n), 2) for n in (1, 2, 4, 8, 16, 32)},
-            "target_time_scale": round(self._target_scale.value, 3),
+            "target_time_scale": round(self.time.load.value, 3),
             "acceptance": {f"{name}/{bucket}": est.summary() for (name, bucket), est in sorted(self._estimates.items())},
             "draft_time_scale": {name: round(s.value, 3) for name, s in self._draft_scale.items()},
             "lookup_ms": {name: round(ms, 3) for name, ms in self._lookup_ms.items()},
         }
 
+
+def plan_batch(policies: Sequence[AutoPolicy], states: Sequence[PlanState], extra_rows: int = 0) -> list[Plan]:
+    """Every request's drafter and k for one forward shared by all of them (and extra_rows of
+    prompt prefill): the choice that maximises the batch's expected committed tokens per second,
+    sum_i (m_i + E_i(k_i)) / (sum_i draft_i(k_i) + T(rows)), rows = sum_i (m_i + k_i + 1) + extra.
+
+    Coordinate ascent from all-plain: each request in turn takes its best option with the
+    others fixed, until nothing moves (two or three sweeps). Plain decoding counts MIN_GAIN x its
+    tokens: a request drafts only for a clear win. With one request this is the single-request
+    rule: the best of (m + E(k)) / (draft(k) + T(m + k + 1)) over drafters and k, against
+    MIN_GAIN x plain. In a large batch a drafted row costs nearly a whole plain step's share,
+    so k falls (or drafting stops) as the batch grows, as the issue's goodput argument wants.
+    """
+    time_model = policies[0].time
+    menus = [p.menu(s) for p, s in zip(policies, states)]
+    choice: list[tuple[_Option | None, int]] = [(None, 0)] * len(menus)
+
+    def value(i: int, option: _Option | None, k: int) -> tuple[float, float, int]:
+        m = menus[i].num_forced
+        if option is None or k == 0:
+            return MIN_GAIN * (m + 1), 0.0, m + 1
+        return m + option.expected[k], option.draft_ms(k), m + k + 1
+
+    parts = [value(i, None, 0) for i in range(len(menus))]
+    for _ in range(3):
+        moved = False
+        for i, menu in enumerate(menus):
+            num = sum(p[0] for p in parts) - parts[i][0]
+            draft = sum(p[1] for p in parts) - parts[i][1]
+            rows = sum(p[2] for p in parts) - parts[i][2] + extra_rows
+            best_rate, best, best_parts = -1.0, choice[i], parts[i]
+            for option in [None, *menu.options]:
+                for k in range(0 if option is None else 1, 1 if option is None else len(option.expected)):
+                    v = value(i, option, k)
+                    rate = (num + v[0]) / (draft + v[1] + time_model.ms(rows + v[2]))
+                    if rate > best_rate:
+                        best_rate, best, best_parts = rate, (option, k), v
+            if best != choice[i]:
+                moved = True
+            choice[i], parts[i] = best, best_parts
+        if not moved:
+            break
+    rows = sum(p[2] for p in parts) + extra_rows
+    rate = sum(p[0] for p in parts) / (sum(p[1] for p in parts) + time_model.ms(rows))
+    return [menu.policy.conclude(menu, option, k, rows, rate) for menu, (option, k) in zip(menus, choice)]

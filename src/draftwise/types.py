@@ -182,4 +182,8 @@ class StepStats:
     planned_k: int = 0
     num_branches: int = 1  # > 1 for a token-tree step
     num_forced: int = 0  # grammar-forced tokens fed in the same forward (before the draft)
+    # Continuous batching: rows and requests in the forward this step shared (verify_ms is that
+    # forward's time); 0 rows when the request had the forward to itself.
+    batch_rows: int = 0
+    batch_size: int = 1
     accepted_mask: tuple[bool, ...] = field(default_factory=tuple)

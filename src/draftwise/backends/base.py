@@ -3,6 +3,10 @@
 A Backend owns one model and one KV cache of a single sequence. `extend` appends
 tokens and returns logits for every new position; `truncate` drops cached positions
 and raises if it cannot. The draft model is a Backend too.
+
+A backend loaded with several slots also serves `sequence(i)`: a Backend of its own for
+sequence i over the same model and cache memory (sequence 0 is the backend itself), and
+`extend_batch`, one forward over several sequences (continuous batching).
 """
 
 from __future__ import annotations
@@ -77,6 +81,40 @@ class Backend(Protocol):
 
     def reset(self) -> None: ...
     def close(self) -> None: ...
+
+
+class Sequences(Protocol):
+    """What a multi-sequence backend adds (llama.cpp and toy backends loaded with slots)."""
+
+    @property
+    def num_slots(self) -> int: ...
+
+    def sequence(self, slot: int) -> Backend:
+        """The Backend of sequence `slot` (0 <= slot < num_slots; 0 is this backend)."""
+        ...
+
+    def extend_batch(self, items: Sequence[tuple[Backend, Sequence[int], int]]) -> list[np.ndarray]:
+        """One forward over several sequences: items (sequence, ids, num_logits), each as
+        sequence.extend(ids, num_logits) would do it; logits [num_logits, V] per item."""
+        ...
+
+
+def num_slots(backend: Backend) -> int:
+    """How many sequences the backend can decode together (1 for a single-sequence backend)."""
+    return getattr(backend, "num_slots", 1)
+
+
+def extend_batch(backend: Backend, items: Sequence[tuple[Backend, Sequence[int], int]]) -> list[np.ndarray]:
+    """One forward over several sequences of backend where it batches them, else one per item."""
+    batched = getattr(backend, "extend_batch", None)
+    if batched is not None and len(items) > 1:
+        return batched(items)
+    return [seq.extend(ids, n) if n else _prefill(seq, ids) for seq, ids, n in items]
+
+
+def _prefill(seq: Backend, ids: Sequence[int]) -> np.ndarray:
+    seq.prefill(ids)
+    return np.zeros((0, seq.vocab_size), dtype=np.float32)
 
 
 def utf8(text: str) -> bytes:

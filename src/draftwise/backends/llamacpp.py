@@ -1,8 +1,10 @@
 """llama.cpp backend (GGUF, quantised, CPU) through llama-cpp-python's low-level API.
 
-One sequence (seq_id 0) per context. `extend` decodes a batch with logits requested
-at every new position and returns them as one [n, V] array; `truncate` removes KV
-entries with llama_memory_seq_rm and raises when the removal is refused.
+One sequence (seq_id 0) per context, or with slots one sequence per slot over one
+unified KV cache (continuous batching: `extend_batch` decodes several in one forward).
+`extend` decodes a batch with logits requested where they are read and returns them as
+one [n, V] array; `truncate` removes KV entries with llama_memory_seq_rm and raises when
+the removal is refused.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from draftwise.backends.base import BackendError, Capabilities, ContextOverflowError, utf8
+from draftwise.types import ConfigError
 
 
 def default_threads() -> int:
@@ -84,79 +87,17 @@ class LlamaCppTokenizer:
         return self._formatter(messages=list(messages)).prompt
 
 
-class LlamaCppBackend:
-    def __init__(
-        self,
-        model_path: str | os.PathLike,
-        *,
-        n_ctx: int = 4096,
-        n_threads: int | None = None,
-        n_batch: int = 512,
-        name: str | None = None,
-        n_seq_max: int = 1,
-    ) -> None:
-        path = Path(model_path)
-        if not path.is_file():
-            raise FileNotFoundError(f"model file not found: {path}")
-        from llama_cpp import Llama
-        from llama_cpp import llama_cpp as C
+class _SequenceOps:
+    """Cache operations on one llama.cpp sequence (seq_id) of a backend's context."""
 
-        self._c = C
-        self.n_threads = n_threads or default_threads()
-        # NOTE: with token trees (n_seq_max > 1) we create our own context with several
-        # sequences over one unified KV cache; the Llama object then only holds the model
-        # and tokenizer, with a minimal context of its own.
-        own_ctx = n_seq_max > 1
-        try:
-            self._llm = Llama(
-                model_path=str(path), n_ctx=256 if own_ctx else n_ctx, n_batch=n_batch, n_ubatch=n_batch,
-                n_threads=self.n_threads, n_threads_batch=self.n_threads,
-                logits_all=False, verbose=False,
-            )
-        except ValueError as exc:  # llama-cpp-python reports load failures as ValueError
-            raise BackendError(f"llama.cpp could not load {path}: {exc}") from exc
-        self._own_ctx = None
-        if own_ctx:
-            params = C.llama_context_default_params()
-            params.n_ctx, params.n_batch, params.n_ubatch = n_ctx, n_batch, n_batch
-            params.n_seq_max, params.kv_unified, params.no_perf = n_seq_max, True, True
-            params.n_threads = params.n_threads_batch = self.n_threads
-            from llama_cpp._utils import suppress_stdout_stderr
+    _owner: "LlamaCppBackend"
+    _seq_id: int
+    _ids: list[int]
+    _n_ctx: int
 
-            with suppress_stdout_stderr(disable=False):  # quiet, like Llama(verbose=False)
-                self._own_ctx = C.llama_init_from_model(self._llm.model, params)
-            if not self._own_ctx:
-                raise BackendError(f"llama.cpp could not create a context with {n_seq_max} sequences")
-        self.n_seq_max = n_seq_max
-        self._tree_batch = None
-        self._pending_tree = None
-        self._ctx = self._own_ctx or self._llm.ctx
-        self._mem = C.llama_get_memory(self._ctx)
-        self._n_ctx = C.llama_n_ctx(self._ctx)
-        # NOTE: llama.cpp clamps n_batch to n_ctx; a larger decode aborts the process.
-        n_batch = self._n_batch = min(n_batch, C.llama_n_batch(self._ctx), C.llama_n_ubatch(self._ctx))
-        self._n_vocab = self._llm.n_vocab()
-        self._batch = C.llama_batch_init(n_batch, 0, 1)
-        # numpy views over the batch's arrays: filling them costs no Python loop per token.
-        self._b_token = np.ctypeslib.as_array(self._batch.token, shape=(n_batch,))
-        self._b_pos = np.ctypeslib.as_array(self._batch.pos, shape=(n_batch,))
-        self._b_logits = np.ctypeslib.as_array(self._batch.logits, shape=(n_batch,))
-        n_seq = np.ctypeslib.as_array(self._batch.n_seq_id, shape=(n_batch,))
-        n_seq[:] = 1
-        for i in range(n_batch):
-            self._batch.seq_id[i][0] = 0
-        self._ids: list[int] = []
-        stat = path.stat()
-        self.path = path
-        self.name = name or path.name
-        self.identity = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
-        self.tokenizer = LlamaCppTokenizer(self._llm, C)
-        self.capabilities = Capabilities(exact=False, device="cpu", dtype="gguf")
-
-    # ---------------------------------------------------------------- properties
     @property
     def vocab_size(self) -> int:
-        return self._n_vocab
+        return self._owner._n_vocab
 
     @property
     def n_ctx(self) -> int:
@@ -170,54 +111,188 @@ class LlamaCppBackend:
     def cached_ids(self) -> list[int]:
         return list(self._ids)
 
+    def extend(self, ids: Sequence[int], num_logits: int | None = None) -> np.ndarray:
+        if not len(ids):
+            return np.zeros((0, self.vocab_size), dtype=np.float32)
+        return self._owner._decode_items([(self, ids, len(ids) if num_logits is None else num_logits)])[0]
+
+    def prefill(self, ids: Sequence[int]) -> None:
+        if len(ids):
+            self._owner._decode_items([(self, ids, 0)])
+
+    def truncate(self, n_keep: int) -> None:
+        if not 0 <= n_keep <= len(self._ids):
+            raise BackendError(f"cannot truncate {len(self._ids)} cached positions to {n_keep}")
+        if n_keep == len(self._ids):
+            return
+        if not self._owner._c.llama_memory_seq_rm(self._owner._mem, self._seq_id, n_keep, -1):
+            raise BackendError(f"llama.cpp refused to remove cached positions >= {n_keep}")
+        del self._ids[n_keep:]
+
+
+class LlamaCppSequence(_SequenceOps):
+    """Sequence `seq_id` of a LlamaCppBackend loaded with slots: a Backend of its own."""
+
+    def __init__(self, owner: "LlamaCppBackend", seq_id: int) -> None:
+        self._owner, self._seq_id, self._ids, self._n_ctx = owner, seq_id, [], owner._n_ctx
+        self.name = f"{owner.name}#{seq_id}"
+        self.identity, self.tokenizer = owner.identity, owner.tokenizer
+        self.capabilities, self.n_threads = owner.capabilities, owner.n_threads
+
+    def reset(self) -> None:
+        self._owner._c.llama_memory_seq_rm(self._owner._mem, self._seq_id, -1, -1)
+        self._ids.clear()
+
+    def close(self) -> None:
+        """The owner frees the context; a sequence only forgets its cache."""
+        if self._owner._llm is not None:
+            self.reset()
+
+
+class LlamaCppBackend(_SequenceOps):
+    def __init__(
+        self,
+        model_path: str | os.PathLike,
+        *,
+        n_ctx: int = 4096,
+        n_threads: int | None = None,
+        n_batch: int = 512,
+        name: str | None = None,
+        n_seq_max: int = 1,
+        slots: int = 1,
+    ) -> None:
+        path = Path(model_path)
+        if not path.is_file():
+            raise FileNotFoundError(f"model file not found: {path}")
+        if slots < 1:
+            raise ConfigError(f"slots must be >= 1, got {slots}")
+        if slots > 1 and n_seq_max > 1:
+            raise ConfigError("token trees (several branches) and parallel slots cannot be combined")
+        from llama_cpp import Llama
+        from llama_cpp import llama_cpp as C
+
+        self._c = C
+        self.n_threads = n_threads or default_threads()
+        # NOTE: with token trees (n_seq_max > 1) or slots we create our own context with several
+        # sequences over one unified KV cache; the Llama object then only holds the model
+        # and tokenizer, with a minimal context of its own. Unified, because a split cache
+        # makes llama.cpp cut a batch into ubatches of equal rows per sequence (split_equal):
+        # a step of one 17-row and three 1-row sequences would take several forwards.
+        own_ctx = n_seq_max > 1 or slots > 1
+        try:
+            self._llm = Llama(
+                model_path=str(path), n_ctx=256 if own_ctx else n_ctx, n_batch=n_batch, n_ubatch=n_batch,
+                n_threads=self.n_threads, n_threads_batch=self.n_threads,
+                logits_all=False, verbose=False,
+            )
+        except ValueError as exc:  # llama-cpp-python reports load failures as ValueError
+            raise BackendError(f"llama.cpp could not load {path}: {exc}") from exc
+        self._own_ctx = None
+        if own_ctx:
+            params = C.llama_context_default_params()
+            # Every slot may fill a whole window of n_ctx: the shared cache holds them all.
+            params.n_ctx, params.n_batch, params.n_ubatch = n_ctx * slots, n_batch, n_batch
+            params.n_seq_max, params.kv_unified, params.no_perf = max(n_seq_max, slots), True, True
+            params.n_threads = params.n_threads_batch = self.n_threads
+            from llama_cpp._utils import suppress_stdout_stderr
+
+            with suppress_stdout_stderr(disable=False):  # quiet, like Llama(verbose=False)
+                self._own_ctx = C.llama_init_from_model(self._llm.model, params)
+            if not self._own_ctx:
+                raise BackendError(f"llama.cpp could not create a context with {max(n_seq_max, slots)} sequences")
+        self.n_seq_max = n_seq_max
+        self._tree_batch = None
+        self._pending_tree = None
+        self._ctx = self._own_ctx or self._llm.ctx
+        self._mem = C.llama_get_memory(self._ctx)
+        self._n_ctx = C.llama_n_ctx(self._ctx) // slots
+        # NOTE: llama.cpp clamps n_batch to n_ctx; a larger decode aborts the process.
+        n_batch = self._n_batch = min(n_batch, C.llama_n_batch(self._ctx), C.llama_n_ubatch(self._ctx))
+        self._n_vocab = self._llm.n_vocab()
+        self._batch = C.llama_batch_init(n_batch, 0, 1)
+        # numpy views over the batch's arrays: filling them costs no Python loop per token.
+        self._b_token = np.ctypeslib.as_array(self._batch.token, shape=(n_batch,))
+        self._b_pos = np.ctypeslib.as_array(self._batch.pos, shape=(n_batch,))
+        self._b_logits = np.ctypeslib.as_array(self._batch.logits, shape=(n_batch,))
+        n_seq = np.ctypeslib.as_array(self._batch.n_seq_id, shape=(n_batch,))
+        n_seq[:] = 1
+        for i in range(n_batch):
+            self._batch.seq_id[i][0] = 0
+        self._b_seq = np.zeros(n_batch, dtype=np.int32)  # what the batch's seq_id entries hold
+        self._owner, self._seq_id, self._ids = self, 0, []
+        stat = path.stat()
+        self.path = path
+        self.name = name or path.name
+        self.identity = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+        self.tokenizer = LlamaCppTokenizer(self._llm, C)
+        self.capabilities = Capabilities(exact=False, device="cpu", dtype="gguf")
+        self._slots: list[_SequenceOps] = [self, *(LlamaCppSequence(self, i) for i in range(1, slots))]
+
+    # ---------------------------------------------------------------- sequences
+    @property
+    def num_slots(self) -> int:
+        return len(self._slots)
+
+    def sequence(self, slot: int) -> _SequenceOps:
+        return self._slots[slot]
+
+    def extend_batch(self, items: Sequence[tuple[_SequenceOps, Sequence[int], int]]) -> list[np.ndarray]:
+        for seq, _, _ in items:
+            if getattr(seq, "_owner", None) is not self:
+                raise BackendError(f"{getattr(seq, 'name', seq)!r} is not a sequence of {self.name}")
+        return self._decode_items(list(items))
+
     # ---------------------------------------------------------------- decoding
-    def _decode(self, ids: Sequence[int], num_logits: int) -> np.ndarray | None:
-        """Decode ids in chunks of n_batch; logits [num_logits, V] of the last positions."""
-        if len(self._ids) + len(ids) > self._n_ctx:
-            raise ContextOverflowError(f"{len(self._ids) + len(ids)} tokens exceed the context of {self._n_ctx}")
-        start = len(self._ids)
-        first_read = len(ids) - num_logits
+    def _decode_items(self, items: list[tuple[_SequenceOps, Sequence[int], int]]) -> list[np.ndarray]:
+        """Decode every item's ids (sequence, ids, num_logits) in batches of n_batch rows;
+        logits [num_logits, V] of each item's last positions."""
+        if len({id(seq) for seq, _, _ in items}) != len(items):
+            raise BackendError("a batch names the same sequence twice")
+        tokens, pos, seqs, want = [], [], [], []
+        for seq, ids, num_logits in items:
+            start, n = len(seq._ids), len(ids)
+            if start + n > seq._n_ctx:
+                raise ContextOverflowError(f"{start + n} tokens exceed the context of {seq._n_ctx}")
+            tokens.append(np.asarray(ids, dtype=np.int32))
+            pos.append(np.arange(start, start + n, dtype=np.int32))
+            seqs.append(np.full(n, seq._seq_id, dtype=np.int32))
+            # Logits only where they are read: the output matrix costs ~2-7 ms per row here.
+            want.append(np.arange(n) >= n - num_logits)
+        tokens, pos, seqs, want = (np.concatenate(a) for a in (tokens, pos, seqs, want))
+        if len(tokens) and (tokens.min() < 0 or tokens.max() >= self._n_vocab):
+            raise BackendError(f"token id outside the vocabulary of {self._n_vocab}")
         rows: list[np.ndarray] = []
         try:
-            for offset in range(0, len(ids), self._n_batch):
-                chunk = np.asarray(ids[offset : offset + self._n_batch], dtype=np.int32)
-                n = len(chunk)
-                if chunk.min() < 0 or chunk.max() >= self._n_vocab:
-                    raise BackendError(f"token id outside the vocabulary of {self._n_vocab}")
-                self._b_token[:n] = chunk
-                self._b_pos[:n] = np.arange(start + offset, start + offset + n, dtype=np.int32)
-                # Logits only where they are read: the output matrix costs ~2-7 ms per row here.
-                read = min(n, offset + n - first_read)
-                self._b_logits[:n] = 0
-                if read > 0:
-                    self._b_logits[n - read : n] = 1
-                elif offset + n == len(ids):
+            for offset in range(0, len(tokens), self._n_batch):
+                n = min(self._n_batch, len(tokens) - offset)
+                chunk = slice(offset, offset + n)
+                self._b_token[:n], self._b_pos[:n] = tokens[chunk], pos[chunk]
+                for i in np.flatnonzero(self._b_seq[:n] != seqs[chunk]):
+                    self._batch.seq_id[i][0] = int(seqs[offset + i])
+                self._b_seq[:n] = seqs[chunk]
+                self._b_logits[:n] = want[chunk]
+                read = int(want[chunk].sum())
+                if not read:
                     self._b_logits[n - 1] = 1  # llama.cpp expects at least one output per decode
                 self._batch.n_tokens = n
                 rc = self._c.llama_decode(self._ctx, self._batch)
                 if rc != 0:
-                    raise BackendError(f"llama_decode failed with code {rc} at position {start + offset}")
-                self._ids.extend(int(t) for t in chunk)
-                if read > 0:
+                    raise BackendError(f"llama_decode failed with code {rc} at position {int(pos[offset])}")
+                if read:
                     ptr = self._c.llama_get_logits(self._ctx)
                     rows.append(np.ctypeslib.as_array(ptr, shape=(read, self._n_vocab)).copy())  # [read, V]
         except BaseException:
-            # Keep cache and bookkeeping in step: drop whatever this call appended.
-            self._ids = self._ids[:start]
-            self._c.llama_memory_seq_rm(self._mem, 0, start, -1)
+            # Keep caches and bookkeeping in step: drop whatever this call decoded.
+            for seq, _, _ in items:
+                self._c.llama_memory_seq_rm(self._mem, seq._seq_id, len(seq._ids), -1)
             raise
-        if not num_logits:
-            return None
-        return rows[0] if len(rows) == 1 else np.concatenate(rows)
-
-    def extend(self, ids: Sequence[int], num_logits: int | None = None) -> np.ndarray:
-        if not len(ids):
-            return np.zeros((0, self._n_vocab), dtype=np.float32)
-        return self._decode(ids, len(ids) if num_logits is None else num_logits)
-
-    def prefill(self, ids: Sequence[int]) -> None:
-        if len(ids):
-            self._decode(ids, 0)
+        logits = rows[0] if len(rows) == 1 else np.concatenate(rows) if rows else np.zeros((0, self._n_vocab), np.float32)
+        out, at = [], 0
+        for seq, ids, num_logits in items:
+            seq._ids.extend(int(t) for t in ids)
+            out.append(logits[at : at + num_logits])
+            at += num_logits
+        return out
 
     # ---------------------------------------------------------------- token trees
     def extend_tree(self, last: int, branches: Sequence[Sequence[int]]) -> list[np.ndarray]:
@@ -290,17 +365,12 @@ class LlamaCppBackend:
         for seq in range(1, num):
             self._c.llama_memory_seq_rm(self._mem, seq, -1, -1)
 
-    def truncate(self, n_keep: int) -> None:
-        if not 0 <= n_keep <= len(self._ids):
-            raise BackendError(f"cannot truncate {len(self._ids)} cached positions to {n_keep}")
-        if n_keep == len(self._ids):
-            return
-        if not self._c.llama_memory_seq_rm(self._mem, 0, n_keep, -1):
-            raise BackendError(f"llama.cpp refused to remove cached positions >= {n_keep}")
-        del self._ids[n_keep:]
-
     def reset(self) -> None:
-        self._c.llama_memory_clear(self._mem, True)
+        """Forget sequence 0's cache (with slots, the others keep theirs)."""
+        if len(self._slots) > 1:
+            self._c.llama_memory_seq_rm(self._mem, 0, -1, -1)
+        else:
+            self._c.llama_memory_clear(self._mem, True)
         self._ids.clear()
 
     def close(self) -> None:

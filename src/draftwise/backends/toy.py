@@ -97,7 +97,10 @@ class ToyBackend:
         n_ctx: int = 4096,
         name: str = "toy",
         tokenizer: CharTokenizer | None = None,
+        slots: int = 1,
     ) -> None:
+        if slots < 1:
+            raise ValueError(f"slots must be >= 1, got {slots}")
         if logits_fn is None:
             model = model or ToyModel()
             logits_fn = model.logits
@@ -113,6 +116,28 @@ class ToyBackend:
         self.tokenizer = tokenizer or CharTokenizer(vocab_size)
         self.capabilities = Capabilities(exact=True, dtype="float64")
         self.num_forwards = 0  # target forwards, for tests
+        self.num_batches = 0  # extend_batch calls (one forward over several sequences)
+        self._slots: list[ToyBackend] = [self]
+        for i in range(1, slots):
+            seq = ToyBackend(logits_fn=logits_fn, vocab_size=vocab_size, n_ctx=n_ctx, name=f"{name}#{i}",
+                             tokenizer=self.tokenizer)
+            seq.identity = self.identity
+            self._slots.append(seq)
+
+    # ---------------------------------------------------------------- sequences
+    @property
+    def num_slots(self) -> int:
+        return len(self._slots)
+
+    def sequence(self, slot: int) -> "ToyBackend":
+        return self._slots[slot]
+
+    def extend_batch(self, items: Sequence[tuple["ToyBackend", Sequence[int], int]]) -> list[np.ndarray]:
+        for seq, _, _ in items:
+            if not any(seq is s for s in self._slots):
+                raise BackendError(f"{seq.name} is not a sequence of {self.name}")
+        self.num_batches += 1
+        return [seq.extend(ids, n) for seq, ids, n in items]
 
     @property
     def vocab_size(self) -> int:

@@ -8,6 +8,7 @@ proposes the most frequent continuation among its occurrences.
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from pathlib import Path
@@ -98,6 +99,10 @@ class DatastoreDrafter:
 
     def begin(self, sampling: SamplingParams, speculation: SpeculationConfig) -> None:
         pass
+
+    def for_slot(self, slot: int) -> "DatastoreDrafter":
+        """Another slot's drafter over the same (read-only, memory-mapped) datastore."""
+        return copy.copy(self)
 
     def _compare(self, start: int, pattern: list[int]) -> int:
         """Sign of corpus[start:start+m] vs pattern, lexicographically (shorter = smaller)."""

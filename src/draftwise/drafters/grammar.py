@@ -29,6 +29,9 @@ class GrammarDrafter:
     def begin(self, sampling: SamplingParams, speculation: SpeculationConfig) -> None:
         pass
 
+    def for_slot(self, slot: int) -> "GrammarDrafter":
+        return GrammarDrafter(self.name)
+
     def propose(self, context: Sequence[int], max_tokens: int, grammar: Grammar | None = None) -> Draft:
         if grammar is None or max_tokens <= 0:
             return Draft((), source=self.name)

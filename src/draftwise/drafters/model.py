@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from draftwise.backends.base import Backend, common_prefix_length
+from draftwise.backends.base import Backend, common_prefix_length, num_slots
 from draftwise.constraints import masked
 from draftwise.sampling import filter_probs, make_rng, sample, softmax
-from draftwise.types import Draft, SamplingParams, SpeculationConfig
+from draftwise.types import ConfigError, Draft, SamplingParams, SpeculationConfig
 
 if TYPE_CHECKING:
     from draftwise.constraints import Grammar
@@ -38,6 +38,13 @@ class ModelDrafter:
         self.last_confidences: list[float] = []
         self.num_reused_tokens = 0
         self._first_proposal = True
+
+    def for_slot(self, slot: int) -> "ModelDrafter":
+        """A drafter on the draft model's sequence `slot` (the draft is loaded with slots too)."""
+        if num_slots(self.backend) <= slot:
+            raise ConfigError(f"the draft model {self.backend.name!r} has {num_slots(self.backend)} slot(s); "
+                              f"load it with as many as the target")
+        return ModelDrafter(self.backend.sequence(slot), self.name)
 
     def begin(self, sampling: SamplingParams, speculation: SpeculationConfig) -> None:
         t = speculation.draft_temperature

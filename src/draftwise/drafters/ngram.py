@@ -42,6 +42,9 @@ class NgramDrafter:
     def begin(self, sampling: SamplingParams, speculation: SpeculationConfig) -> None:
         pass  # the index survives requests only through the context check in _sync
 
+    def for_slot(self, slot: int) -> "NgramDrafter":
+        return NgramDrafter(self.min_n, self.max_n, self.name)
+
     def _sync(self, context: Sequence[int]) -> None:
         known = len(self._tokens)
         if len(context) < known or list(context[:known]) != self._tokens:

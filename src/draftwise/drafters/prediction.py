@@ -39,6 +39,9 @@ class PredictionDrafter:
         self._floor = 0  # the last aligned point: re-anchoring looks from here on
         self._run = START_SCORE  # matched tokens in a row (the proposal's score)
 
+    def for_slot(self, slot: int) -> "PredictionDrafter":
+        return PredictionDrafter(self.name)
+
     def begin(self, sampling: SamplingParams, speculation: SpeculationConfig) -> None:
         self.prediction = tuple(speculation.prediction)
         index: dict[tuple[int, ...], list[int]] = defaultdict(list)

@@ -95,6 +95,11 @@ class SuffixDrafter:
     def begin(self, sampling: SamplingParams, speculation: SpeculationConfig) -> None:
         pass
 
+    def for_slot(self, slot: int) -> "SuffixDrafter":
+        """A drafter for another slot, with a history of its own: a slot's next request is
+        mostly the same conversation (slots are chosen by cached prefix)."""
+        return SuffixDrafter(self.max_history_tokens, self.min_n, self.min_confidence, self.name)
+
     def _token_at(self, p: int) -> int | None:
         if p >= len(self._tokens):
             return None

@@ -1,0 +1,189 @@
+"""Continuous batching: several requests decode together, one target forward per step.
+
+A Batcher runs requests in an engine's slots (a target sequence each, with drafters of
+its own). Every step builds one target batch holding each decoding request's [uncached
+tail + draft] rows and a chunk of a joining request's prompt, verifies per request, and
+truncates per sequence (Engine.steps). Requests join and leave between steps; each keeps
+its slot's cache when it leaves, so a follow-up request with the same prefix reuses it.
+
+Example:
+    batcher = Batcher(engine)   # engine loaded with slots, e.g. load_engine(..., options=LoadOptions(slots=4))
+    results = batcher.run([engine.stream(p, sampling=s) for p in prompts])
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from draftwise.backends.base import common_prefix_length
+from draftwise.engine import Engine, Generation, Result, _Request
+
+# Prompt rows a step's forward carries at most: a joining request's prefill is cut into
+# chunks so running streams are not stalled for a whole prompt (llama.cpp's n_batch role).
+PREFILL_CHUNK = 256
+
+
+class BatchFull(RuntimeError):
+    """Every slot is busy."""
+
+
+@dataclass(frozen=True)
+class Emitted:
+    generation: Generation
+    text: str
+
+
+@dataclass(frozen=True)
+class Done:
+    generation: Generation
+    result: Result
+
+
+@dataclass(frozen=True)
+class Failed:
+    generation: Generation
+    error: BaseException
+
+
+Event = Emitted | Done | Failed
+
+
+@dataclass
+class _Active:
+    generation: Generation
+    request: _Request
+    pending: list[int]  # prompt tokens not yet in the slot's cache (prefill still to run)
+    admitted_at: float = field(default_factory=time.perf_counter)
+
+
+class Batcher:
+    """Up to engine.num_slots requests at once; `step()` advances all of them by one forward."""
+
+    def __init__(self, engine: Engine, *, prefill_chunk: int = PREFILL_CHUNK) -> None:
+        if prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+        self.engine = engine
+        self.prefill_chunk = prefill_chunk
+        self._free = set(range(engine.num_slots))
+        self._last_used = [0.0] * engine.num_slots
+        self.active: list[_Active] = []
+        self.num_steps = 0
+        self.last_rows = 0  # target rows in the last step's forward
+
+    @property
+    def num_slots(self) -> int:
+        return self.engine.num_slots
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def add(self, generation: Generation) -> int:
+        """Start a validated request (from engine.stream) in a free slot; returns the slot.
+
+        The slot is the free one whose cache shares the longest prefix with the prompt (ties:
+        the least recently used), so conversations come back to their cached turns."""
+        if not self._free:
+            raise BatchFull(f"all {self.num_slots} slots are busy")
+        spec = generation.request
+        assert spec is not None, "add() takes a Generation from engine.stream()"
+        prompt = spec.prompt_ids
+        index = max(self._free, key=lambda i: (
+            common_prefix_length(self.engine.slot(i).target.cached_ids, prompt[:-1]), -self._last_used[i]))
+        slot = self.engine.slot(index)
+        with self.engine._lock:
+            req = self.engine.start(spec, slot)
+            keep = common_prefix_length(slot.target.cached_ids, prompt[:-1])
+            slot.target.truncate(keep)
+        req.stats.num_reused_tokens = keep
+        self._free.discard(index)
+        self.active.append(_Active(generation, req, list(prompt[keep:-1])))
+        return index
+
+    def slot_of(self, generation: Generation) -> int | None:
+        for a in self.active:
+            if a.generation is generation:
+                return a.request.slot.index
+        return None
+
+    def step(self) -> list[Event]:
+        """One forward for every active request: cancellations, prefill chunks, speculative
+        steps; returns what happened (text, finished requests, failures)."""
+        events: list[Event] = []
+        with self.engine._lock:
+            for a in list(self.active):
+                if a.request.cancelled is not None and a.request.cancelled():
+                    a.request.stats.finish_reason = "cancelled"
+                    self._finish(a, events)
+            decoding = [a for a in self.active if not a.pending]
+            prefills, budget = [], self.prefill_chunk
+            for a in self.active:  # arrival order: the earliest prompt is filled first
+                if a.pending and budget > 0:
+                    chunk = a.pending[:budget]
+                    prefills.append((a, chunk))
+                    budget -= len(chunk)
+            if not decoding and not prefills:
+                return events
+            try:
+                out = self.engine.steps([a.request for a in decoding],
+                                        [(a.request.slot.target, chunk) for a, chunk in prefills])
+            except BaseException as exc:
+                # A failed forward fails the requests in it; their caches are forgotten and the
+                # slots (and every other request) stay ready.
+                for a in [*decoding, *(a for a, _ in prefills)]:
+                    a.request.slot.target.reset()
+                    self._release(a)
+                    events.append(Failed(a.generation, exc))
+                if not isinstance(exc, Exception):
+                    raise
+                return events
+            self.num_steps += 1
+            self.last_rows = self.engine.last_rows
+            for a, chunk in prefills:
+                del a.pending[: len(chunk)]
+                if not a.pending:
+                    now = time.perf_counter()
+                    a.request.stats.prefill_ms = 1000 * (now - a.admitted_at)
+                    a.request.t_decode = now
+            for a, new_ids in zip(decoding, out):
+                piece = a.request.push(new_ids)
+                if piece:
+                    events.append(Emitted(a.generation, piece))
+                if a.request.stats.finish_reason:
+                    self._finish(a, events)
+        return events
+
+    def _finish(self, a: _Active, events: list[Event]) -> None:
+        piece = self.engine.finish(a.request)
+        if piece:
+            events.append(Emitted(a.generation, piece))
+        a.generation.result = a.request.result
+        self._release(a)
+        events.append(Done(a.generation, a.request.result))
+
+    def _release(self, a: _Active) -> None:
+        self.active.remove(a)
+        index = a.request.slot.index
+        self._free.add(index)
+        self._last_used[index] = time.perf_counter()
+
+    def run(self, generations: Iterable[Generation]) -> list[Result]:
+        """Run requests to the end, as many at once as there are slots (the rest wait in
+        order); results in the order given. A failed request raises its error at the end."""
+        waiting: deque[Generation] = deque(generations)
+        order = list(waiting)
+        errors: dict[int, BaseException] = {}
+        while waiting or self.active:
+            while waiting and self._free:
+                self.add(waiting.popleft())
+            for event in self.step():
+                if isinstance(event, Failed):
+                    errors[id(event.generation)] = event.error
+        for g in order:
+            if id(g) in errors:
+                raise errors[id(g)]
+        return [g.result for g in order]  # type: ignore[misc]
+

@@ -1,0 +1,211 @@
+"""Continuous batching on the exact toy backend: every request's greedy output under batching
+equals its single-request output (mixed drafters, policies, k, lengths, stop strings,
+cancellations, joins and leaves at every step), one target forward per step, no cross-talk."""
+
+import pytest
+
+from draftwise.backends.toy import ToyBackend, ToyModel
+from draftwise.batching import Batcher, BatchFull, Done, Emitted
+from draftwise.calibrate import CostCurve
+from draftwise.drafters import ModelDrafter, NgramDrafter
+from draftwise.drafters.prediction import PredictionDrafter
+from draftwise.drafters.suffix import SuffixDrafter
+from draftwise.engine import Engine
+from draftwise.policy import PlanState
+from draftwise.policy_auto import AutoPolicy, TargetTime, plan_batch
+from draftwise.types import ConfigError, SamplingParams, SpeculationConfig
+
+VOCAB = 24
+TARGET = ToyModel(vocab_size=VOCAB, order=2, seed=3, sharpness=3.0)
+DRAFT = ToyModel(vocab_size=VOCAB, order=2, seed=3, sharpness=2.5)  # the same table, flatter
+
+
+def make_engine(slots: int) -> Engine:
+    target = ToyBackend(TARGET, slots=slots, name="target")
+    draft = ToyBackend(DRAFT, slots=slots, name="draft")
+    drafters = [NgramDrafter(1, 3), SuffixDrafter(), PredictionDrafter(), ModelDrafter(draft, name="draft")]
+    return Engine(target, drafters)
+
+
+PROMPTS = [[1, 2, 3, 1, 2, 3, 1, 2], [5, 6, 7], [9, 9, 9, 9, 9, 9], [2, 4, 6, 8, 2, 4, 6], [3], [7, 1, 7, 1, 7]]
+REQUESTS = [
+    # (prompt, max_tokens, stop, speculation, drafters, prediction)
+    (PROMPTS[0], 40, (), SpeculationConfig(policy="fixed", max_draft_tokens=4), ["ngram"], None),
+    (PROMPTS[1], 25, (), SpeculationConfig(policy="fixed", max_draft_tokens=3), ["draft"], None),
+    (PROMPTS[2], 33, (), SpeculationConfig(policy="heuristic"), ["suffix", "ngram"], None),
+    (PROMPTS[3], 50, (), SpeculationConfig(), None, None),
+    (PROMPTS[4], 17, (), SpeculationConfig(enabled=False), None, None),
+    (PROMPTS[5], 30, (), SpeculationConfig(policy="fixed", max_draft_tokens=6), ["prediction"], "prediction"),
+]
+
+
+def stream(engine, prompt, max_tokens, stop, speculation, drafters, prediction, cancelled=None):
+    sampling = SamplingParams(max_tokens=max_tokens, stop=stop, ignore_eos=True)
+    gen = engine.stream(prompt_ids=prompt, sampling=sampling, speculation=speculation, drafters=drafters,
+                        cancelled=cancelled)
+    if prediction:  # a prediction in token form: the toy's char tokenizer encodes text
+        spec = gen.request
+        spec.speculation = SpeculationConfig(policy=speculation.policy, max_draft_tokens=speculation.max_draft_tokens,
+                                             prediction=tuple(prompt * 4))
+    return gen
+
+
+def single_outputs(requests):
+    out = []
+    for r in requests:
+        engine = make_engine(1)
+        out.append(engine.generate(prompt_ids=r[0], sampling=SamplingParams(max_tokens=r[1], stop=r[2], ignore_eos=True),
+                                   speculation=SpeculationConfig(policy=r[3].policy, max_draft_tokens=r[3].max_draft_tokens,
+                                                                 enabled=r[3].enabled,
+                                                                 prediction=tuple(r[0] * 4) if r[5] else ()),
+                                   drafters=r[4]).token_ids)
+    return out
+
+
+def test_batched_greedy_equals_single_request():
+    expected = single_outputs(REQUESTS)
+    engine = make_engine(4)
+    batcher = Batcher(engine, prefill_chunk=3)
+    results = batcher.run([stream(engine, *r) for r in REQUESTS])  # 6 requests through 4 slots
+    assert [r.token_ids for r in results] == expected
+    assert all(r.finish_reason == "length" for r in results)
+    assert engine.target.num_batches > 0
+    assert batcher.num_free == 4
+
+
+def test_joins_and_leaves_at_every_step_position():
+    expected = single_outputs(REQUESTS[:4])
+    for offset in range(0, 6):
+        engine = make_engine(3)
+        batcher = Batcher(engine, prefill_chunk=2)
+        gens = [stream(engine, *r) for r in REQUESTS[:4]]
+        batcher.add(gens[0])
+        waiting, steps = list(gens[1:]), 0
+        while batcher.active or waiting:
+            if waiting and batcher.num_free and steps % (offset + 1) == 0:  # joins at varying step positions
+                batcher.add(waiting.pop(0))
+            batcher.step()
+            steps += 1
+        assert [g.result.token_ids for g in gens] == expected, offset
+
+
+def test_stop_strings_and_streamed_text_match_single():
+    engine1 = make_engine(1)
+    tok = engine1.tokenizer
+    single = engine1.generate(prompt_ids=PROMPTS[0], sampling=SamplingParams(max_tokens=60, ignore_eos=True),
+                              speculation=SpeculationConfig(policy="fixed", max_draft_tokens=4), drafters=["ngram"])
+    stop = single.text[20:23]
+    want = make_engine(1).generate(prompt_ids=PROMPTS[0], sampling=SamplingParams(max_tokens=60, stop=(stop,), ignore_eos=True),
+                                   speculation=SpeculationConfig(policy="fixed", max_draft_tokens=4), drafters=["ngram"])
+    engine = make_engine(2)
+    batcher = Batcher(engine)
+    gens = [stream(engine, PROMPTS[0], 60, (stop,), SpeculationConfig(policy="fixed", max_draft_tokens=4), ["ngram"], None),
+            stream(engine, PROMPTS[1], 30, (), SpeculationConfig(), None, None)]
+    for g in gens:
+        batcher.add(g)
+    pieces = {id(g): [] for g in gens}
+    while batcher.active:
+        for event in batcher.step():
+            if isinstance(event, Emitted):
+                pieces[id(event.generation)].append(event.text)
+    assert gens[0].result.text == want.text and gens[0].result.finish_reason == "stop"
+    assert "".join(pieces[id(gens[0])]) == want.text
+    assert "".join(pieces[id(gens[1])]) == gens[1].result.text == tok.decode(gens[1].result.token_ids)
+
+
+def test_cancelled_request_leaves_the_others_untouched():
+    expected = single_outputs(REQUESTS[:3])
+    engine = make_engine(3)
+    batcher = Batcher(engine)
+    flag = {"stop": False}
+    victim = stream(engine, PROMPTS[4], 200, (), SpeculationConfig(), None, None, cancelled=lambda: flag["stop"])
+    gens = [stream(engine, *r) for r in REQUESTS[:2]]
+    for g in [gens[0], victim, gens[1]]:
+        batcher.add(g)
+    for _ in range(4):
+        batcher.step()
+    flag["stop"] = True
+    done = [e for e in batcher.step() if isinstance(e, Done)]
+    assert any(e.generation is victim for e in done)
+    assert victim.result.finish_reason == "cancelled" and 0 < len(victim.result.token_ids) < 200
+    third = stream(engine, *REQUESTS[2])
+    batcher.add(third)  # into the cancelled request's slot
+    while batcher.active:
+        batcher.step()
+    assert [g.result.token_ids for g in [*gens, third]] == expected
+
+
+def test_no_cross_talk_between_sequences():
+    engine = make_engine(3)
+    batcher = Batcher(engine, prefill_chunk=4)
+    gens = [stream(engine, *r) for r in REQUESTS[:3]]
+    slots = [batcher.add(g) for g in gens]
+    while batcher.active:
+        batcher.step()
+        for a in batcher.active:  # between steps: committed tokens but the last, nothing else
+            cached = a.request.slot.target.cached_ids
+            assert cached == a.request.context[: len(cached)]
+            assert not a.pending and len(cached) == len(a.request.context) - 1 or a.pending
+    for g, s in zip(gens, slots):
+        cached = engine.slot(s).target.cached_ids
+        full = g.request.prompt_ids + g.result.token_ids
+        assert cached == full[: len(cached)], "a slot's cache holds another request's tokens"
+
+
+def test_one_target_forward_per_step_and_prefix_reuse(monkeypatch):
+    import draftwise.engine as engine_module
+
+    calls = []
+    real = engine_module.extend_batch
+
+    def counting(backend, items):
+        calls.append(len(items))
+        return real(backend, items)
+
+    monkeypatch.setattr(engine_module, "extend_batch", counting)
+    engine = make_engine(2)
+    batcher = Batcher(engine, prefill_chunk=100)
+    first = stream(engine, *REQUESTS[0])
+    batcher.run([first, stream(engine, *REQUESTS[1])])
+    assert len(calls) == batcher.num_steps and max(calls) == 2  # one forward per step, both requests in it
+    assert engine.target.num_batches == sum(1 for n in calls if n > 1)
+    # A follow-up with the first answer as its prompt goes to the first request's slot.
+    follow = stream(engine, first.request.prompt_ids + first.result.token_ids + [4], 5, (), SpeculationConfig(), None, None)
+    slot = batcher.add(follow)
+    assert follow.request is not None and slot == 0
+    while batcher.active:
+        batcher.step()
+    assert follow.result.stats.num_reused_tokens == len(first.request.prompt_ids) + len(first.result.token_ids) - 1
+
+
+def test_full_batch_is_refused_and_slot_errors_are_clear():
+    engine = make_engine(1)
+    batcher = Batcher(engine)
+    batcher.add(stream(engine, *REQUESTS[0]))
+    with pytest.raises(BatchFull):
+        batcher.add(stream(engine, *REQUESTS[1]))
+    with pytest.raises(ConfigError, match="1 slot"):
+        engine.slot(1)
+
+
+def test_batch_policy_drafts_less_as_the_batch_grows():
+    # Verifying costs 10 ms + 4 ms per row: one request drafts a long, sure n-gram match;
+    # in a batch of 12 the same draft competes with 11 plain rows at the margin.
+    curve = CostCurve.linear(10.0, 4.0, max_n=400)
+    time_model = TargetTime(curve=curve)
+    context = [1, 2, 3, 4, 5, 6, 7, 8] * 4
+
+    def policies(n):
+        out = []
+        for _ in range(n):
+            p = AutoPolicy(target_cost=curve, time=time_model, calibrate=False)
+            p.begin([NgramDrafter(1, 4)], SpeculationConfig())
+            out.append(p)
+        return out
+
+    alone = plan_batch(policies(1), [PlanState(context=context, max_k=32)])[0]
+    crowd = plan_batch(policies(12), [PlanState(context=context, max_k=32)] * 12)
+    assert alone.k > 0
+    assert sum(p.k for p in crowd) / len(crowd) < alone.k
+    single = policies(1)[0].plan(PlanState(context=context, max_k=32))
+    assert single.k == alone.k  # one request: today's rule
