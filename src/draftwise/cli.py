@@ -1,4 +1,4 @@
-"""Command line: draftwise pull | generate | demo | calibrate | bench | replay | serve | index.
+"""Command line: draftwise pull | generate | demo | calibrate | bench | bench-serve | replay | serve | index.
 
 A thin client of the public API. Bad arguments end with a one-line message and a
 non-zero exit status, never a traceback.
@@ -300,10 +300,14 @@ def demo(prompt, max_tokens, draft_model, target, backend, n_ctx, threads, dtype
 @click.option("--log-requests", is_flag=True, help="Let error logs quote request content (debugging; off by default).")
 @click.option("--model-name", default=None, help="Name clients use as `model` (default: the target's name).")
 @click.option("--datastore", default=None, help="A retrieval datastore (draftwise index build) to draft from.")
+@click.option("--parallel", type=click.IntRange(0, 64), default=0, show_default="4 on llama.cpp, 1 on transformers",
+              help="Requests decoded together (continuous batching, a KV window of --n-ctx each); 0: the default.")
+@click.option("--max-queue", type=click.IntRange(0, 100_000), default=64, show_default=True,
+              help="Requests that may wait for a slot; more are refused with 503 and Retry-After.")
 @model_options
 @friendly_errors
-def serve(draft, policy, k, host, port, api_keys, log_requests, model_name, datastore, target, backend, n_ctx,
-          threads, dtype, device) -> None:
+def serve(draft, policy, k, host, port, api_keys, log_requests, model_name, datastore, parallel, max_queue, target,
+          backend, n_ctx, threads, dtype, device) -> None:
     """Serve the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics)."""
     import logging
 
@@ -313,7 +317,7 @@ def serve(draft, policy, k, host, port, api_keys, log_requests, model_name, data
     from draftwise.server import create_app
 
     speculation = SpeculationConfig(policy=policy, max_draft_tokens=k)
-    options = _load_options(backend, n_ctx, threads, dtype, device)
+    options = replace(_load_options(backend, n_ctx, threads, dtype, device), slots=parallel)
     with download_progress() as report:
         engine = load_engine(target, draft, options=options, speculation=speculation, progress=report,
                              datastore=datastore)
@@ -321,7 +325,10 @@ def serve(draft, policy, k, host, port, api_keys, log_requests, model_name, data
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")
     if not api_keys and host not in ("127.0.0.1", "localhost", "::1"):
         click.echo(f"warning: serving on {host} without --api-key; anyone who can reach it can use it", err=True)
-    app = create_app(engine, model_name or engine.target.name, api_keys=api_keys, log_content=log_requests)
+    app = create_app(engine, model_name or engine.target.name, api_keys=api_keys, log_content=log_requests,
+                     max_queue=max_queue)
+    if speculation.policy == "auto":  # calibrate before the first request, not inside it
+        engine.target_time().curve
     # In-flight streams get 10 s after Ctrl+C; then they are cancelled at the engine's next step.
     uvicorn.run(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=10)
 
@@ -465,6 +472,79 @@ def _print_bench_tables(results: dict) -> None:
         for row in bench_report.category_rows(group):
             table.add_row(*row)
         console.print(table)
+
+
+@main.command("bench-serve")
+@click.argument("compare_dirs", nargs=-1, type=click.Path(exists=True), metavar="[RESULTS]...")
+@click.option("--url", default=None, help="A running OpenAI-compatible server (draftwise serve, llama-server, ...). "
+              "Default: start draftwise serve on a free loopback port for the run.")
+@click.option("--serve-args", default="", help="Options for the draftwise serve started without --url, "
+              "e.g. \"--draft ngram --k 8\".")
+@click.option("--startup-timeout", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True,
+              help="Seconds to wait for the started server's /health.")
+@click.option("--api-key", default=None, help="Send 'Authorization: Bearer KEY' (a server started with --serve-args "
+              "\"--api-key KEY\" needs it too). Never written to the results.")
+@click.option("--model", default=None, help="The requests' model field. Default: the first one /v1/models lists.")
+@click.option("--suite", default="quick", show_default=True,
+              help="Shipped prompts (the first turn of each): quick, full, or one category's file.")
+@click.option("--concurrency", "levels", callback=_csv(int), default="1,2,4,8", show_default=True,
+              help="Concurrent clients per level, comma-separated.")
+@click.option("--requests", "num_requests", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Requests per level, shared by its clients.")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True,
+              help="Seconds a request may wait for the server's next bytes before it counts as an error.")
+@click.option("--label", default=None, help="This run's name in reports and --compare (default: 'draftwise' for a "
+              "started server, else the URL).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="bench-serve-out", show_default=True)
+@click.option("--compare", is_flag=True, help="Only compare RESULTS (bench-serve --out directories or results.json "
+              "files), the first as the reference; writes --out/compare.md.")
+@friendly_errors
+def bench_serve(compare_dirs, url, serve_args, startup_timeout, api_key, model, suite, levels, num_requests, max_tokens,
+                timeout_s, label, out_dir, compare) -> None:
+    """Load-test an OpenAI-compatible server: C streaming clients per level; tok/s, TTFT and latency percentiles.
+
+    Writes results.json, report.md and throughput.png to --out. With --compare, reads earlier runs instead.
+    """
+    import shlex
+
+    from draftwise.bench import load, load_report
+    from draftwise.bench.prompts import load_suite
+
+    out = Path(out_dir)
+    if compare or compare_dirs:
+        if not compare or len(compare_dirs) < 2:
+            raise click.UsageError("give --compare and at least two RESULTS to compare")
+        table = load_report.compare_markdown([load_report.load_run(p) for p in compare_dirs])
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "compare.md").write_text(table)
+        click.echo(table)
+        click.echo(f"compare: {out / 'compare.md'}", err=True)
+        return
+    if any(c < 1 for c in levels):
+        raise click.BadParameter(f"levels must be >= 1, got {','.join(map(str, levels))}", param_hint="--concurrency")
+    if url and serve_args:
+        raise click.UsageError("--serve-args is for the server bench-serve starts; it cannot change the one at --url")
+    prompts = [p.turns[0] for p in load_suite(suite)]
+    server = (contextlib.nullcontext() if url else
+              load.ServeProcess(shlex.split(serve_args), startup_timeout_s=startup_timeout))
+    meta = {"label": label or ("draftwise" if not url else url), "prompts": f"suite {suite}",
+            "command": shlex.join(["draftwise", *load.redact_api_keys(sys.argv[1:])])}
+    with server as started:
+        if started is not None:
+            # command: [python, -m, draftwise.cli, serve, ...]
+            meta["serve_command"] = shlex.join(["draftwise", *load.redact_api_keys(started.command[3:])])
+            click.echo(f"started {meta['serve_command']} at {started.url}", err=True)
+
+        def say(s: dict) -> None:
+            click.echo(f"C={s['concurrency']}: {s['num_requests']} requests, {s['num_errors']} errors, "
+                       f"{s['tokens_per_second'] or 0:.1f} tok/s", err=True)
+
+        results = load.run_bench(url or started.url, prompts, levels, num_requests=num_requests, max_tokens=max_tokens,
+                                 model=model, api_key=api_key, timeout_s=timeout_s, meta=meta, progress=say)
+    report = load_report.write_outputs(results, out)
+    click.echo(f"results: {out / 'results.json'}\nreport: {report}", err=True)
+    click.echo(load_report.level_table(results))
 
 
 @main.command()

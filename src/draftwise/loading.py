@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from draftwise import models
-from draftwise.backends.base import Backend
+from draftwise.backends.base import Backend, num_slots
 from draftwise.backends.hf import DEVICES, DTYPES
 from draftwise.drafters import ModelDrafter, NgramDrafter
 from draftwise.drafters.grammar import GrammarDrafter
@@ -21,6 +21,9 @@ from draftwise.engine import Engine, check_tokenizers
 from draftwise.types import ConfigError, SpeculationConfig
 
 BACKENDS = ("auto", "llamacpp", "hf")
+# Slots `serve` opens on llama.cpp unless told: 4 concurrent streams on a CPU is where batching
+# still raises throughput here (docs/bench/serve) without stretching each stream's steps far.
+DEFAULT_SLOTS = 4
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,7 @@ class LoadOptions:
     ngram_min: int = 2
     ngram_max: int = 4
     n_seq_max: int = 1  # llama.cpp sequences for token-tree verification (target only)
+    slots: int = 1  # requests decoded together (continuous batching; llama.cpp only); 0: auto
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -45,6 +49,10 @@ class LoadOptions:
             raise ConfigError(f"n_ctx must be >= 16, got {self.n_ctx}")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"threads must be >= 1, got {self.threads}")
+        if self.slots < 0:
+            raise ConfigError(f"parallel slots must be >= 1 (or 0 for the machine's default), got {self.slots}")
+        if self.slots > 1 and self.n_seq_max > 1:
+            raise ConfigError("token trees (--branches > 1) and parallel slots cannot be combined")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ConfigError(f"ngram sizes need 1 <= min <= max, got {self.ngram_min}..{self.ngram_max}")
 
@@ -55,13 +63,18 @@ def load_backend(spec: str, options: LoadOptions = LoadOptions(), progress=None)
     if kind == "auto":
         kind = "hf" if path.is_dir() else "llamacpp"
     name = spec if spec in models.REGISTRY else Path(spec).name
+    if options.slots == 0:  # auto: batching on llama.cpp, one request at a time on transformers
+        options = replace(options, slots=DEFAULT_SLOTS if kind == "llamacpp" and options.n_seq_max == 1 else 1)
     if kind == "llamacpp":
         if path.is_dir():
             raise ConfigError(f"{path} is a directory; the llama.cpp backend needs a .gguf file (or use --backend hf)")
         from draftwise.backends.llamacpp import LlamaCppBackend
 
         return LlamaCppBackend(path, n_ctx=options.n_ctx, n_threads=options.threads, name=name,
-                               n_seq_max=options.n_seq_max)
+                               n_seq_max=options.n_seq_max, slots=options.slots)
+    if options.slots > 1:
+        raise ConfigError("parallel slots (continuous batching) need the llama.cpp backend; the transformers "
+                          "backend serves one request at a time (use --parallel 1)")
     from draftwise.backends.hf import HFBackend
 
     return HFBackend(path, dtype=options.dtype, device=options.device, n_ctx=options.n_ctx,
@@ -146,7 +159,9 @@ def load_engine(
             if name in FREE_DRAFTERS:
                 drafters.append(free_drafter(name, options))
                 continue
-            draft_backend = load_backend(name, draft_options or replace(options, n_seq_max=1), progress)
+            # The draft follows the target's slots: a slot's requests draft on its own sequence.
+            draft_backend = load_backend(name, draft_options or replace(options, n_seq_max=1,
+                                                                        slots=num_slots(target_backend)), progress)
             try:
                 check_tokenizers(target_backend, draft_backend)  # before any calibration of a useless draft
             except BaseException:

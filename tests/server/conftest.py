@@ -19,20 +19,21 @@ MODEL = "toy-40"
 API_KEY = "sk-test-key"
 
 
-def make_engine(*, n_ctx: int = 4096, step_delay_s: float = 0.0, draft_model: bool = True) -> Engine:
-    """Target: ToyModel(vocab 40, sharpness 3). Draft: same table, flatter (same argmax, other probabilities)."""
+def make_engine(*, n_ctx: int = 4096, step_delay_s: float = 0.0, draft_model: bool = True, slots: int = 1) -> Engine:
+    """Target: ToyModel(vocab 40, sharpness 3). Draft: same table, flatter (same argmax, other probabilities).
+    slots > 1: the server batches that many requests."""
     target_model = ToyModel(vocab_size=40, sharpness=3)
     if step_delay_s:
         def slow_logits(context, _model=target_model):
             time.sleep(step_delay_s)
             return _model.logits(context)
 
-        target = ToyBackend(logits_fn=slow_logits, vocab_size=40, n_ctx=n_ctx, name="slow-toy")
+        target = ToyBackend(logits_fn=slow_logits, vocab_size=40, n_ctx=n_ctx, name="slow-toy", slots=slots)
     else:
-        target = ToyBackend(target_model, n_ctx=n_ctx, name="toy")
+        target = ToyBackend(target_model, n_ctx=n_ctx, name="toy", slots=slots)
     drafters = [NgramDrafter(2, 4)]
     if draft_model:
-        draft = ToyBackend(ToyModel(vocab_size=40, sharpness=2.5), n_ctx=n_ctx, name="toy-draft")
+        draft = ToyBackend(ToyModel(vocab_size=40, sharpness=2.5), n_ctx=n_ctx, name="toy-draft", slots=slots)
         drafters.insert(0, ModelDrafter(draft, name="draft"))
     # NOTE: the fixed policy drafts the same k every step, so seeded sampling is reproducible
     # across requests (a learning policy would change k, and with it the random stream).

@@ -57,7 +57,7 @@ def test_a_non_streaming_client_that_gives_up_cancels_its_generation(start_serve
 
     async def wait_idle():
         for _ in range(250):
-            if serving.running is None and serving.queue_length == 0:
+            if not serving.running and serving.queue_length == 0:
                 return True
             await asyncio.sleep(0.02)
         return False

@@ -25,7 +25,7 @@ from draftwise.server import errors
 from draftwise.server import protocol as p
 from draftwise.server.errors import APIError
 from draftwise.server.metrics import ServerMetrics
-from draftwise.server.serving import Failed, Finished, Job, JobCancelled, Piece, Serving
+from draftwise.server.serving import MAX_QUEUE, Failed, Finished, Job, JobCancelled, Piece, ServerBusy, Serving
 from draftwise.types import ConfigError, SamplingParams, SpeculationConfig
 
 DISCONNECT_POLL_S = 0.25
@@ -37,12 +37,14 @@ _STREAM_RESPONSE = {"content": {"text/event-stream": {"schema": {"type": "string
 
 
 def create_app(engine: Engine, model_name: str, api_key: str | None = None, *, api_keys: Sequence[str] = (),
-               log_content: bool = False) -> FastAPI:
+               log_content: bool = False, max_queue: int = MAX_QUEUE) -> FastAPI:
     """api_key / api_keys: bearer keys, one per tenant (a tenant never learns how much of its prompt
-    another tenant's request left in the cache). log_content: let error logs quote requests."""
+    another tenant's request left in the cache). log_content: let error logs quote requests.
+    An engine whose target has several slots decodes that many requests together; max_queue
+    more may wait (then 503)."""
     keys = tuple(dict.fromkeys([*([api_key] if api_key else []), *api_keys]))
     metrics = ServerMetrics()
-    serving = Serving(engine, metrics)
+    serving = Serving(engine, metrics, max_queue=max_queue)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -95,6 +97,8 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, *, a
                            "is not valid Unicode text", param=param, code="invalid_value") from None
         except PromptTooLongError as exc:
             raise APIError(400, str(exc), param=param, code="context_length_exceeded") from None
+        except ServerBusy as exc:
+            raise APIError(503, str(exc), type="server_error", code="overloaded") from None
         except ConstraintError as exc:
             raise APIError(400, str(exc), param=_constraint_param(body), code="invalid_value") from None
         except ConfigError as exc:
@@ -189,7 +193,8 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, *, a
 
     @app.get("/health", response_model=p.Health)
     async def health() -> p.Health:
-        return p.Health(model=model_name, queue_length=serving.queue_length, running=serving.running is not None)
+        return p.Health(model=model_name, queue_length=serving.queue_length, running=bool(serving.running),
+                        slots=engine.num_slots, active=len(serving.running))
 
     @app.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}},
              description="Prometheus text format.")

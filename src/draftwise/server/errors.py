@@ -123,6 +123,8 @@ def install(app: FastAPI, metrics: ServerMetrics, api_keys: tuple[str, ...] = ()
     def reply(error: APIError) -> JSONResponse:
         metrics.observe_error(error.status, error.type)
         headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else None
+        if error.code == "overloaded":
+            headers = {"Retry-After": "1"}
         return JSONResponse(error.body(), status_code=error.status, headers=headers)
 
     app.add_middleware(Guard, api_keys=tuple(api_keys), reply=reply, log_content=log_content)

@@ -68,7 +68,11 @@ class ServerMetrics:
         self.first_token_seconds = Histogram("draftwise_time_to_first_token_seconds",
                                              "Arrival to first streamed text.", buckets=LATENCY_BUCKETS, registry=r)
         self.queue_length = Gauge("draftwise_queue_length", "Requests waiting for the engine.", registry=r)
-        self.running = Gauge("draftwise_requests_running", "Requests the engine is working on (0 or 1).", registry=r)
+        self.running = Gauge("draftwise_requests_running", "Requests the engine is working on (busy slots).", registry=r)
+        self.slots_total = Gauge("draftwise_slots", "Requests the engine can decode together (serve --parallel).",
+                                 registry=r)
+        self.batch_rows = Histogram("draftwise_batch_rows", "Target rows per batched forward (draft + prompt chunks).",
+                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), registry=r)
 
     def track_queue(self, queue_length: Callable[[], int], running: Callable[[], int]) -> None:
         self.queue_length.set_function(queue_length)

@@ -286,3 +286,5 @@ class Health(BaseModel):
     model: str
     queue_length: int
     running: bool
+    slots: int = 1  # requests decoded together (serve --parallel)
+    active: int = 0  # busy slots

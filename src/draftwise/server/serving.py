@@ -1,9 +1,12 @@
-"""Requests <-> engine: one worker thread feeds the engine from a FIFO queue.
+"""Requests <-> engine: one worker thread feeds the engine from a bounded FIFO queue.
 
-The engine serves one request at a time, so requests wait in arrival order (fair, and
-every one is answered). A job's text pieces travel back to the event loop through an
-asyncio queue; its cancel flag reaches the engine through the `cancelled` callback,
-which the engine checks before every step.
+With one slot the engine serves one request at a time, in arrival order. With several
+(`serve --parallel N`), the worker runs a Batcher: up to N requests decode together, one
+target forward per step; queued requests join as slots free up, in arrival order. Beyond
+the queue's bound a request is refused at once (503, Retry-After) rather than left to
+wait without end. A job's text pieces travel back to the event loop through an asyncio
+queue; its cancel flag reaches the engine through the `cancelled` callback, checked
+before every step.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
+from draftwise.batching import PREFILL_CHUNK, Batcher, Done, Emitted
+from draftwise.batching import Failed as BatchFailed
 from draftwise.engine import Engine, Generation, Result
 from draftwise.server.metrics import ServerMetrics
 from draftwise.types import SamplingParams, SpeculationConfig
@@ -89,20 +94,33 @@ class JobCancelled(Exception):
     """The job was cancelled before the engine started it."""
 
 
+class ServerBusy(RuntimeError):
+    """The queue is full: the request is refused, nothing was queued."""
+
+
+# Requests that may wait for a slot; beyond it the server answers 503 at once.
+MAX_QUEUE = 64
+
+
 class Serving:
     """Owns the engine for the server: a FIFO of jobs and the one thread that runs them."""
 
-    def __init__(self, engine: Engine, metrics: ServerMetrics | None = None) -> None:
+    def __init__(self, engine: Engine, metrics: ServerMetrics | None = None, *, max_queue: int = MAX_QUEUE,
+                 prefill_chunk: int = PREFILL_CHUNK) -> None:
         self.engine = engine
         self.metrics = metrics or ServerMetrics()
+        self.max_queue = max_queue
+        self.prefill_chunk = prefill_chunk
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._seq = itertools.count(1)
         self._closed = False
-        self.running: Job | None = None
-        self._cache_tenant: int | None = None  # whose request last filled the caches
-        self.metrics.track_queue(lambda: self._queue.qsize(), lambda: int(self.running is not None))
+        self.running: dict[int, Job] = {}  # by slot
+        # Whose request last filled each slot's cache (a tenant never learns of another's prefix).
+        self._cache_tenant: dict[int, int | None] = {}
+        self.metrics.track_queue(lambda: self._queue.qsize(), lambda: len(self.running))
+        self.metrics.slots_total.set(engine.num_slots)
 
     @property
     def queue_length(self) -> int:
@@ -122,6 +140,9 @@ class Serving:
         # so calling it here checks the request without waiting for the engine.
         job.generation = self.engine.stream(prompt_ids=job.prompt_ids, sampling=sampling, speculation=speculation,
                                             cancelled=job.is_cancelled, drafters=drafters, prediction=prediction)
+        if self._queue.qsize() >= self.max_queue:
+            raise ServerBusy(f"the server is busy: {self._queue.qsize()} requests are waiting for "
+                             f"{self.engine.num_slots} slot(s); retry shortly")
         job.seq = next(self._seq)
         self._ensure_worker()
         self._queue.put(job)
@@ -130,8 +151,7 @@ class Serving:
     def close(self, timeout: float = 10.0) -> None:
         """Cancel what is queued or running and stop the worker."""
         self._closed = True
-        running = self.running
-        if running is not None:
+        for running in list(self.running.values()):
             running.cancel("server shutting down")
         self._queue.put(None)
         if self._thread is not None:
@@ -141,7 +161,8 @@ class Serving:
     def _ensure_worker(self) -> None:
         with self._start_lock:
             if self._thread is None:
-                self._thread = threading.Thread(target=self._work, name="draftwise-engine", daemon=True)
+                work = self._work_batched if self.engine.num_slots > 1 else self._work
+                self._thread = threading.Thread(target=work, name="draftwise-engine", daemon=True)
                 self._thread.start()
 
     def _work(self) -> None:
@@ -168,8 +189,8 @@ class Serving:
             job.push(Failed(JobCancelled(job.cancel_reason)))
             return
         job.started_at = time.monotonic()
-        self.running = job
-        cache_visible, self._cache_tenant = self._cache_tenant == job.tenant, job.tenant
+        self.running[0] = job
+        cache_visible = self._claim(0, job)
         gen = job.generation
         assert gen is not None
         try:
@@ -183,9 +204,17 @@ class Serving:
             job.push(Failed(exc))
             return
         finally:
-            self.running = None
-        result = gen.result
-        assert result is not None
+            self.running.pop(0, None)
+        assert gen.result is not None
+        self._finished(job, gen.result, cache_visible)
+
+    def _claim(self, slot: int, job: Job) -> bool:
+        """Whether job may see how much of its prompt the slot had cached (same tenant)."""
+        visible = self._cache_tenant.get(slot, job.tenant) == job.tenant
+        self._cache_tenant[slot] = job.tenant
+        return visible
+
+    def _finished(self, job: Job, result: Result, cache_visible: bool) -> None:
         stats = result.stats
         if stats.finish_reason == "cancelled":
             logger.info("%s: cancelled after %d generated tokens (%s); the caches stay consistent for the next request",
@@ -196,3 +225,69 @@ class Serving:
             total_s=now - job.enqueued_at,
             first_token_s=None if job.first_piece_at is None else job.first_piece_at - job.enqueued_at)
         job.push(Finished(result, cache_visible, job.predicted))
+
+    # ------------------------------------------------------------ worker side, batched
+    def _work_batched(self) -> None:
+        """Continuous batching: admit queued jobs into free slots between steps, step, route events."""
+        batcher = Batcher(self.engine, prefill_chunk=self.prefill_chunk)
+        jobs: dict[int, tuple[Job, bool]] = {}  # id(generation) -> (job, cache visible)
+        stopping = False
+        while not (stopping and not batcher.active):
+            while batcher.num_free and not stopping:
+                try:  # wait for work only when there is nothing to step
+                    job = self._queue.get(block=not batcher.active)
+                except queue.Empty:
+                    break
+                if job is None:
+                    stopping = True
+                    for running, _ in jobs.values():
+                        running.cancel("server shutting down")
+                    break
+                if self._closed:
+                    job.cancel("server shutting down")
+                if job.is_cancelled():
+                    logger.info("%s: cancelled while queued (%s)", job.id, job.cancel_reason)
+                    self.metrics.requests.labels(job.endpoint, "cancelled").inc()
+                    job.push(Failed(JobCancelled(job.cancel_reason)))
+                    continue
+                job.started_at = time.monotonic()
+                try:
+                    slot = batcher.add(job.generation)
+                except Exception as exc:  # e.g. a drafter that cannot serve this slot
+                    logger.exception("%s: could not start", job.id)
+                    self.metrics.requests.labels(job.endpoint, "error").inc()
+                    job.push(Failed(exc))
+                    continue
+                self.running[slot] = job
+                jobs[id(job.generation)] = (job, self._claim(slot, job))
+            if not batcher.active:
+                continue
+            try:
+                events = batcher.step()
+            except BaseException:  # never let one step kill the worker: the queue would hang
+                logger.exception("unexpected failure in a batched step")
+                events = []
+                for a in list(batcher.active):
+                    batcher._release(a)
+                    a.request.slot.target.reset()
+                    events.append(BatchFailed(a.generation, RuntimeError("internal error")))
+            self.metrics.batch_rows.observe(batcher.last_rows)
+            for event in events:
+                job, cache_visible = jobs[id(event.generation)]
+                if isinstance(event, Emitted):
+                    if job.first_piece_at is None:
+                        job.first_piece_at = time.monotonic()
+                    job.push(Piece(event.text))
+                    continue
+                del jobs[id(event.generation)]
+                self.running = {s: j for s, j in self.running.items() if j is not job}
+                if isinstance(event, Done):
+                    self._finished(job, event.result, cache_visible)
+                else:
+                    logger.error("%s: generation failed: %s", job.id, type(event.error).__name__)
+                    self.metrics.requests.labels(job.endpoint, "error").inc()
+                    job.push(Failed(event.error))
+        while not self._queue.empty():  # answer whatever arrived during shutdown
+            job = self._queue.get_nowait()
+            if job is not None:
+                job.push(Failed(JobCancelled("the server is shutting down")))

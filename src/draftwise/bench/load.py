@@ -1,0 +1,297 @@
+"""Serving load benchmark: C concurrent streaming clients against an OpenAI-compatible server.
+
+`run_bench` times every streamed chat request (first token, end, tokens) at each concurrency
+level and `summarize_level` turns a level into throughput and percentiles (load_report.py
+defines them and writes the report); `ServeProcess` runs `draftwise serve` for a benchmark.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shlex
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from typing import Callable, Sequence
+
+import httpx
+import numpy as np
+
+from draftwise.types import ConfigError
+
+FORMAT = "draftwise-bench-serve/1"
+WARMUP_TOKENS = 8
+
+
+class LoadError(ConfigError):
+    """The server could not be reached, started or used; the message says why."""
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One request; times in seconds from sending it. Level summaries count successful requests only."""
+
+    concurrency: int
+    index: int  # order of issue within the level
+    ok: bool
+    status: int | None  # HTTP status; None when no response came
+    error: str | None
+    ttft_s: float | None  # None when no content arrived
+    latency_s: float
+    num_tokens: int
+    tokens_from_usage: bool  # False: counted as content deltas
+    num_drafted: int | None  # from usage.speculative, where the server reports it
+    num_accepted: int | None
+
+
+def _error_message(raw: bytes | str) -> str:
+    """An OpenAI error body's message, else the start of the text. b'{"error": {"message": "busy"}}' -> 'busy'."""
+    text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+    try:
+        error = json.loads(text)["error"]
+        return str(error.get("message", error) if isinstance(error, dict) else error)
+    except (ValueError, KeyError, TypeError):
+        return text.strip()[:200] or "(empty body)"
+
+
+async def stream_chat(client: httpx.AsyncClient, body: dict, concurrency: int, index: int) -> RequestRecord:
+    """POST one streaming chat completion and time it; failures become records, never exceptions."""
+    start = time.perf_counter()
+    status, error, ttft_s, num_deltas, usage, done = None, None, None, 0, None, False
+    try:
+        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            status = response.status_code
+            if status != 200:
+                error = _error_message(await response.aread())
+            else:
+                async for line in response.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue  # blank separators, SSE comments
+                    data = line[len("data:"):].strip()
+                    if data == "[DONE]":
+                        done = True
+                        break
+                    chunk = json.loads(data)
+                    if "error" in chunk:
+                        error = _error_message(data)
+                        break
+                    for choice in chunk.get("choices") or ():
+                        if (choice.get("delta") or {}).get("content"):
+                            num_deltas += 1
+                            ttft_s = ttft_s if ttft_s is not None else time.perf_counter() - start
+                    usage = chunk.get("usage") or usage
+                if error is None and not done:
+                    error = "the stream ended before [DONE]"
+    except (httpx.HTTPError, ValueError) as exc:  # ValueError: a data line that is not JSON
+        error = f"{type(exc).__name__}: {exc}"
+    latency_s = time.perf_counter() - start
+    usage = usage or {}
+    speculative = usage.get("speculative") or {}
+    num_tokens = usage.get("completion_tokens", num_deltas)
+    return RequestRecord(concurrency, index, error is None, status, error, ttft_s, latency_s, num_tokens,
+                         "completion_tokens" in usage, speculative.get("num_drafted"), speculative.get("num_accepted"))
+
+
+async def run_level(client: httpx.AsyncClient, prompts: Sequence[str], body: dict, concurrency: int,
+                    num_requests: int) -> tuple[list[RequestRecord], float]:
+    """`concurrency` clients share a queue of num_requests prompts; returns the records (in issue order) and wall s."""
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(num_requests):
+        queue.put_nowait(i)
+    records: list[RequestRecord] = []
+
+    async def one_client() -> None:
+        while not queue.empty():
+            i = queue.get_nowait()
+            request = {**body, "messages": [{"role": "user", "content": prompts[i % len(prompts)]}]}
+            records.append(await stream_chat(client, request, concurrency, i))
+
+    start = time.perf_counter()
+    await asyncio.gather(*(one_client() for _ in range(concurrency)))
+    return sorted(records, key=lambda r: r.index), time.perf_counter() - start
+
+
+def _percentile(values: Sequence[float], q: float) -> float | None:
+    """Linear-interpolation percentile, None for no values. [1.0, 2.0, 3.0], 50 -> 2.0."""
+    return float(np.percentile(values, q)) if len(values) else None
+
+
+def summarize_level(concurrency: int, records: Sequence[RequestRecord], wall_s: float) -> dict:
+    """One level's throughput, percentiles and errors (load_report.HOW_MEASURED defines them)."""
+    ok = [r for r in records if r.ok]
+    num_tokens = sum(r.num_tokens for r in ok)
+    ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
+    latencies = [r.latency_s for r in ok]
+    drafted = [r.num_drafted for r in ok if r.num_drafted is not None]
+    accepted = [r.num_accepted for r in ok if r.num_accepted is not None]
+    errors: dict[str, int] = {}
+    for r in records:
+        if not r.ok:
+            key = f"{r.status}: {r.error}" if r.status is not None else str(r.error)
+            errors[key] = errors.get(key, 0) + 1
+    return {
+        "concurrency": concurrency, "num_requests": len(records), "num_errors": len(records) - len(ok),
+        "num_tokens": num_tokens, "wall_s": wall_s, "tokens_per_second": num_tokens / wall_s if wall_s > 0 else None,
+        "request_tokens_per_second_p50": _percentile([r.num_tokens / r.latency_s for r in ok if r.latency_s > 0], 50),
+        "ttft_p50_s": _percentile(ttfts, 50), "ttft_p95_s": _percentile(ttfts, 95),
+        "latency_p50_s": _percentile(latencies, 50), "latency_p95_s": _percentile(latencies, 95),
+        "latency_max_s": max(latencies) if latencies else None,
+        "num_drafted": sum(drafted) if drafted else None, "num_accepted": sum(accepted) if accepted else None,
+        "errors": errors,
+    }
+
+
+def describe_server(url: str, headers: dict[str, str]) -> dict:
+    """What is being measured: the ids /v1/models lists and /health's answer, where there is one.
+
+    Raises LoadError when the server cannot be reached or does not answer like an OpenAI API.
+    """
+    try:
+        answer = httpx.get(f"{url}/v1/models", headers=headers, timeout=10)
+        health = httpx.get(f"{url}/health", headers=headers, timeout=10)
+    except httpx.HTTPError as exc:
+        raise LoadError(f"cannot reach {url}: {exc}") from None
+    if answer.status_code != 200:
+        raise LoadError(f"{url}/v1/models answered {answer.status_code}: {_error_message(answer.content)}")
+    try:
+        models = [m["id"] for m in answer.json()["data"]]
+    except (ValueError, KeyError, TypeError):
+        raise LoadError(f"{url}/v1/models did not answer with an OpenAI model list") from None
+    try:
+        health_body = health.json() if health.status_code == 200 else None
+    except ValueError:
+        health_body = None
+    return {"url": url, "models": models, "health": health_body}
+
+
+def run_bench(url: str, prompts: Sequence[str], levels: Sequence[int], *, num_requests: int = 16,
+              max_tokens: int = 128, model: str | None = None, api_key: str | None = None, timeout_s: float = 600.0,
+              meta: dict | None = None, progress: Callable[[dict], None] | None = None) -> dict:
+    """Every level in turn against the server at url; returns results (format FORMAT) for load_report.
+
+    model defaults to the first id /v1/models lists (draftwise refuses any other name).
+    Example: run_bench("http://127.0.0.1:8000", ["Hi"], [1, 4], num_requests=8)["levels"][1]["concurrency"] -> 4.
+    """
+    if not prompts:
+        raise ConfigError("no prompts to send")
+    if not levels or any(c < 1 for c in levels) or num_requests < 1:
+        raise ConfigError(f"concurrency levels and requests must be >= 1, got {list(levels)} and {num_requests}")
+    url = url.rstrip("/").removesuffix("/v1")  # NOTE: clients' base_url often ends in /v1; the routes add it
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    server = describe_server(url, headers)
+    model = model or (server["models"][0] if server["models"] else None)
+    body = {"stream": True, "max_tokens": max_tokens, "temperature": 0.0, "stream_options": {"include_usage": True},
+            **({"model": model} if model else {})}
+
+    async def run_all() -> list[tuple[list[RequestRecord], float]]:
+        limits = httpx.Limits(max_connections=max(levels), max_keepalive_connections=max(levels))
+        async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits,
+                                     timeout=httpx.Timeout(timeout_s, connect=10)) as client:
+            # NOTE: the first request pays one-off costs (lazy allocation, cold caches) that belong to no level.
+            warm = await stream_chat(client, {**body, "max_tokens": WARMUP_TOKENS,
+                                              "messages": [{"role": "user", "content": prompts[0]}]}, 0, 0)
+            if not warm.ok:
+                raise LoadError(f"the warm-up request failed ({warm.status}): {warm.error}")
+            runs = []
+            for c in levels:
+                runs.append(await run_level(client, prompts, body, c, num_requests))
+                if progress is not None:
+                    progress(summarize_level(c, *runs[-1]))
+            return runs
+
+    runs = asyncio.run(run_all())
+    return {
+        "format": FORMAT,
+        "meta": {**(meta or {}), "server": server, "model": model, "max_tokens": max_tokens,
+                 "num_requests": num_requests, "num_prompts": len(prompts),
+                 "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds")},
+        "levels": [summarize_level(c, records, wall_s) for c, (records, wall_s) in zip(levels, runs)],
+        "records": [asdict(r) for records, _ in runs for r in records],
+    }
+
+
+def redact_api_keys(args: Sequence[str]) -> list[str]:
+    """A command line fit for a results file, at any depth of quoting.
+
+    Example: ["--api-key", "sk-1", "--serve-args", "--api-key=sk-2 --k 8"] ->
+    ["--api-key", "REDACTED", "--serve-args", "--api-key=REDACTED --k 8"].
+    """
+    out = []
+    for i, arg in enumerate(args):
+        if " " in arg and "--api-key" in arg:  # a pass-through option string such as --serve-args
+            arg = shlex.join(redact_api_keys(shlex.split(arg)))
+        elif i > 0 and args[i - 1] == "--api-key":
+            arg = "REDACTED"
+        elif arg.startswith("--api-key="):
+            arg = "--api-key=REDACTED"
+        out.append(arg)
+    return out
+
+
+def free_port() -> int:
+    """A loopback port free now (another process could take it before it is bound; rare enough here)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServeProcess:
+    """`draftwise serve SERVE_ARGS` on a free loopback port for a with block; `url` is its base URL.
+
+    Example: with ServeProcess(["--draft", "ngram"]) as server: run_bench(server.url, prompts, [1, 2]).
+    """
+
+    def __init__(self, serve_args: Sequence[str], startup_timeout_s: float = 600.0) -> None:
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.startup_timeout_s = startup_timeout_s
+        # NOTE: --host/--port go last: click keeps an option's last value, so serve_args cannot move the server.
+        self.command = [sys.executable, "-m", "draftwise.cli", "serve", *serve_args, "--host", "127.0.0.1",
+                        "--port", str(port)]
+
+    def __enter__(self) -> ServeProcess:
+        # NOTE: output goes to a file, not a pipe: nothing reads a pipe during the run, and a full one blocks
+        # the server.
+        self.log = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(self.command, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout_s
+        while self.proc.poll() is None:
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise LoadError(f"draftwise serve did not answer /health within {self.startup_timeout_s:g} s; "
+                                f"its output ends:\n{self.log_tail()}")
+            time.sleep(0.25)
+        raise LoadError(f"draftwise serve exited with status {self.proc.returncode} before answering; "
+                        f"its output ends:\n{self.log_tail()}")
+
+    def log_tail(self, num_lines: int = 20) -> str:
+        self.log.seek(0)
+        return "\n".join(self.log.read().strip().splitlines()[-num_lines:])
+
+    def __exit__(self, *exc_info) -> None:
+        self.proc.terminate()  # uvicorn shuts down gracefully on SIGTERM
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
