@@ -153,6 +153,7 @@ class Engine:
         self._slots: list[_Slot] = []
         self._target_time = None  # policy_auto.TargetTime, made with the first auto policy
         self.last_rows = 0  # target rows in the last step's forward
+        self.busy_slots: set[int] = set()  # slots a Batcher is running requests in
         self._lock = threading.Lock()
 
     @property
@@ -283,7 +284,7 @@ class Engine:
             stop_hold=max((len(s) for s in sampling.stop), default=1) - 1,
             # A constrained answer ends when its grammar does, whatever ignore_eos says.
             eos_ids=self.tokenizer.eos_token_ids if not sampling.ignore_eos or spec.grammar else frozenset(),
-            cancelled=spec.cancelled)
+            cancelled=spec.cancelled, t_decode=time.perf_counter())
         policy.begin(drafters, speculation)
         for drafter in drafters:
             drafter.begin(sampling, speculation)
@@ -292,6 +293,8 @@ class Engine:
     # ------------------------------------------------------------------ the loop
     def _run(self, gen: Generation) -> Iterator[str]:
         with self._lock:
+            if 0 in self.busy_slots:
+                raise ConfigError("slot 0 is running a batched request; submit this one to the Batcher too")
             req = self.start(gen.request, self.slot(0))
             stats = req.stats
             try:
