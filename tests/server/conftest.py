@@ -86,3 +86,13 @@ def start_server() -> Callable[..., LiveServer]:
     yield start
     for live in started:
         live.__exit__(None, None, None)
+
+
+def wait_idle(serving, timeout_s: float = 5.0) -> bool:
+    """True once nothing runs or waits on the server's engine (polled every 20 ms)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not serving.running and serving.queue_length == 0:
+            return True
+        time.sleep(0.02)
+    return False

@@ -11,7 +11,7 @@ import httpx
 
 from draftwise.server import create_app
 from draftwise.types import SamplingParams
-from tests.server.conftest import MODEL, LiveServer, make_engine
+from tests.server.conftest import MODEL, LiveServer, make_engine, wait_idle
 
 
 def body(prompt: str, max_tokens: int = 24, **extra) -> dict:
@@ -89,14 +89,7 @@ def test_a_client_that_leaves_frees_its_slot_for_the_next():
         except httpx.ReadTimeout:
             pass
 
-        async def wait_idle():
-            for _ in range(250):
-                if not serving.running and serving.queue_length == 0:
-                    return True
-                await asyncio.sleep(0.02)
-            return False
-
-        assert asyncio.run(wait_idle()), "the abandoned generation kept its slot"
+        assert wait_idle(serving), "the abandoned generation kept its slot"
         reply = httpx.post(f"{live.url}/v1/completions", timeout=60, json=body("next one", 10)).json()
         metrics = httpx.get(f"{live.url}/metrics").text
     expected = make_engine().generate("next one", sampling=SamplingParams(max_tokens=10, ignore_eos=True))

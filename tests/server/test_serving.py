@@ -10,7 +10,7 @@ import pytest
 
 from draftwise.server.serving import Failed, Finished, Job, JobCancelled, Piece, Serving
 from draftwise.types import SamplingParams
-from tests.server.conftest import MODEL, make_engine
+from tests.server.conftest import MODEL, make_engine, wait_idle
 
 
 async def drain(job: Job) -> Finished | Failed:
@@ -55,13 +55,6 @@ def test_a_non_streaming_client_that_gives_up_cancels_its_generation(start_serve
             "model": MODEL, "prompt": "never read", "max_tokens": 3000, "ignore_eos": True, "temperature": 0})
     serving = live.app.state.serving
 
-    async def wait_idle():
-        for _ in range(250):
-            if not serving.running and serving.queue_length == 0:
-                return True
-            await asyncio.sleep(0.02)
-        return False
-
-    assert asyncio.run(wait_idle()), "the abandoned generation kept running"
+    assert wait_idle(serving), "the abandoned generation kept running"
     text = httpx.get(f"{live.url}/metrics").text
     assert 'draftwise_requests_total{endpoint="completions",finish_reason="cancelled"} 1.0' in text

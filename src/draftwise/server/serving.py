@@ -182,11 +182,17 @@ class Serving:
             if job is not None:
                 job.push(Failed(JobCancelled("the server is shutting down")))
 
+    def _cancelled_in_queue(self, job: Job) -> bool:
+        """Answer a job cancelled while it waited (it never reaches the engine)."""
+        if not job.is_cancelled():
+            return False
+        logger.info("%s: cancelled while queued (%s)", job.id, job.cancel_reason)
+        self.metrics.requests.labels(job.endpoint, "cancelled").inc()
+        job.push(Failed(JobCancelled(job.cancel_reason)))
+        return True
+
     def _run(self, job: Job) -> None:
-        if job.is_cancelled():
-            logger.info("%s: cancelled while queued (%s)", job.id, job.cancel_reason)
-            self.metrics.requests.labels(job.endpoint, "cancelled").inc()
-            job.push(Failed(JobCancelled(job.cancel_reason)))
+        if self._cancelled_in_queue(job):
             return
         job.started_at = time.monotonic()
         self.running[0] = job
@@ -245,10 +251,7 @@ class Serving:
                     break
                 if self._closed:
                     job.cancel("server shutting down")
-                if job.is_cancelled():
-                    logger.info("%s: cancelled while queued (%s)", job.id, job.cancel_reason)
-                    self.metrics.requests.labels(job.endpoint, "cancelled").inc()
-                    job.push(Failed(JobCancelled(job.cancel_reason)))
+                if self._cancelled_in_queue(job):
                     continue
                 job.started_at = time.monotonic()
                 try:
