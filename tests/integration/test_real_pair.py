@@ -14,7 +14,8 @@ import pytest
 from draftwise import models
 from draftwise.types import SamplingParams, SpeculationConfig
 
-pytestmark = pytest.mark.integration
+# slow: loads the real default pair (1.5B + 0.5B GGUF) and decodes with it
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 # NOTE: measured on this pair and machine with scripts/measure_batch_drift.py (5 prompts x
 # 64 positions, verification batches of 5, 9 and 17 rows): batching moves the gap between

@@ -20,6 +20,9 @@ from draftwise.types import SamplingParams, SpeculationConfig
 from tests.statistical import test_sequence_level as sequence_level
 from tests.statistical.test_sequence_level import DRAFT, LENGTH, PROMPT, TARGET, VOCAB, check
 
+# slow: each check samples thousands of constrained sequences (grammar masks per token) for chi-square power
+pytestmark = pytest.mark.slow
+
 CONSTRAINT = Constraint.regex("[ab][a-d]c[a-d]*")  # tokens: 0 EOS, 1 a, 2 b, 3 c, 4 d
 NUM_SAMPLES = 8_000
 

@@ -15,6 +15,9 @@ from draftwise.engine import Engine
 from draftwise.sampling import target_probs
 from draftwise.types import SamplingParams, SpeculationConfig
 
+# slow: each check samples 12,000 sequences, enough for the chi-square test to see a 1% bias
+pytestmark = pytest.mark.slow
+
 VOCAB = 5
 PROMPT = [1, 2, 1, 2, 1]
 NUM_SAMPLES = 12_000

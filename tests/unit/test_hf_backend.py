@@ -170,6 +170,7 @@ def test_the_draft_model_is_accepted_and_rejected(engine, greedy_reference):
 LENGTH, NUM_SAMPLES = 3, 1500
 
 
+@pytest.mark.slow  # 1,500 sampled sequences through two transformers models on the CPU
 def test_sampled_sequences_follow_the_target_distribution(target_model, draft_model):
     """Chi-square over all 3-token continuations (top-k 3: 27 outcomes) against enumeration."""
     params = SamplingParams(temperature=1.0, top_k=3, max_tokens=LENGTH, ignore_eos=True)
