@@ -304,33 +304,77 @@ def demo(prompt, max_tokens, draft_model, target, backend, n_ctx, threads, dtype
               help="Requests decoded together (continuous batching, a KV window of --n-ctx each); 0: the default.")
 @click.option("--max-queue", type=click.IntRange(0, 100_000), default=64, show_default=True,
               help="Requests that may wait for a slot; more are refused with 503 and Retry-After.")
+@click.option("--ray", "on_ray", is_flag=True,
+              help="Serve as Ray Serve replicas, one engine each (needs draftwise[ray]); --threads then also "
+                   "sets the CPUs each replica reserves (default 1).")
+@click.option("--replicas", type=click.IntRange(1, 10_000), default=None, help="--ray: replicas to run (default 1).")
+@click.option("--autoscale", default=None, metavar="MIN:MAX",
+              help="--ray: let Ray scale between MIN and MAX replicas on ongoing requests per slot.")
+@click.option("--address", default=None,
+              help="--ray: the cluster to join: 'auto' (started by `ray start` on this machine), HOST:PORT or "
+                   "ray://HOST:10001. Default: start a local cluster for this command.")
 @model_options
 @friendly_errors
-def serve(draft, policy, k, host, port, api_keys, log_requests, model_name, datastore, parallel, max_queue, target,
-          backend, n_ctx, threads, dtype, device) -> None:
+def serve(draft, policy, k, host, port, api_keys, log_requests, model_name, datastore, parallel, max_queue, on_ray,
+          replicas, autoscale, address, target, backend, n_ctx, threads, dtype, device) -> None:
     """Serve the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics)."""
     import logging
+
+    speculation = SpeculationConfig(policy=policy, max_draft_tokens=k)
+    if not on_ray and (replicas or autoscale or address):
+        raise click.UsageError("--replicas, --autoscale and --address need --ray")
+    if on_ray:
+        threads = threads or 1  # a replica runs as many threads as the CPUs it reserves
+    options = replace(_load_options(backend, n_ctx, threads, dtype, device), slots=parallel)
+    if not api_keys and host not in ("127.0.0.1", "localhost", "::1"):
+        click.echo(f"warning: serving on {host} without --api-key; anyone who can reach it can use it", err=True)
+    if on_ray:
+        _serve_on_ray(target, draft, options, speculation, model_name, api_keys, log_requests, max_queue, datastore,
+                      replicas, autoscale, address, host, port)
+        return
 
     import uvicorn
 
     from draftwise.loading import load_engine
     from draftwise.server import create_app
 
-    speculation = SpeculationConfig(policy=policy, max_draft_tokens=k)
-    options = replace(_load_options(backend, n_ctx, threads, dtype, device), slots=parallel)
     with download_progress() as report:
         engine = load_engine(target, draft, options=options, speculation=speculation, progress=report,
                              datastore=datastore)
     _say_skipped(engine)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")
-    if not api_keys and host not in ("127.0.0.1", "localhost", "::1"):
-        click.echo(f"warning: serving on {host} without --api-key; anyone who can reach it can use it", err=True)
     app = create_app(engine, model_name or engine.target.name, api_keys=api_keys, log_content=log_requests,
                      max_queue=max_queue)
     if speculation.policy == "auto":  # calibrate before the first request, not inside it
         engine.target_time().curve
     # In-flight streams get 10 s after Ctrl+C; then they are cancelled at the engine's next step.
     uvicorn.run(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=10)
+
+
+def _serve_on_ray(target, draft, options, speculation, model_name, api_keys, log_requests, max_queue, datastore,
+                  replicas, autoscale, address, host, port) -> None:
+    """serve --ray: the same app as Ray Serve replicas; each replica loads (and pulls) its models itself."""
+    from draftwise.server import ray_serve
+    from draftwise.types import ConfigError
+
+    if replicas and autoscale:
+        raise click.UsageError("give --replicas or --autoscale, not both")
+    bounds = None
+    if autoscale:
+        low, sep, high = autoscale.partition(":")
+        if not sep or not low.isdigit() or not high.isdigit():
+            raise ConfigError(f"--autoscale takes MIN:MAX (e.g. 1:4), got {autoscale!r}")
+        bounds = (int(low), int(high))
+    replica = ray_serve.ReplicaConfig(target=target, draft=draft, options=options, speculation=speculation,
+                                      model_name=model_name, api_keys=tuple(api_keys), log_content=log_requests,
+                                      max_queue=max_queue, datastore=datastore)
+    scaling = ray_serve.Scaling(replicas=replicas or 1, autoscale=bounds)
+    shape = f"{bounds[0]}..{bounds[1]} replicas" if bounds else f"{scaling.replicas} replica(s)"
+
+    def ready(url: str) -> None:
+        click.echo(f"serving on {url} with {shape} of {replica.num_slots} slot(s) each (Ctrl+C stops)", err=True)
+
+    ray_serve.run(replica, scaling, address=address, host=host, port=port, ready=ready)
 
 
 def _csv(kind, allow_same: bool = False):

@@ -57,14 +57,25 @@ class LoadOptions:
             raise ConfigError(f"ngram sizes need 1 <= min <= max, got {self.ngram_min}..{self.ngram_max}")
 
 
+def backend_kind(path: Path, options: LoadOptions) -> str:
+    """"llamacpp" or "hf": as asked, or for "auto" by the model: a directory is a transformers model."""
+    if options.backend != "auto":
+        return options.backend
+    return "hf" if Path(path).expanduser().is_dir() else "llamacpp"
+
+
+def default_slots(kind: str, options: LoadOptions) -> int:
+    """What slots=0 (`--parallel 0`) means: batching on llama.cpp, one request at a time on
+    transformers or with token trees."""
+    return DEFAULT_SLOTS if kind == "llamacpp" and options.n_seq_max == 1 else 1
+
+
 def load_backend(spec: str, options: LoadOptions = LoadOptions(), progress=None) -> Backend:
     path = models.resolve(spec, progress=progress)
-    kind = options.backend
-    if kind == "auto":
-        kind = "hf" if path.is_dir() else "llamacpp"
+    kind = backend_kind(path, options)
     name = spec if spec in models.REGISTRY else Path(spec).name
-    if options.slots == 0:  # auto: batching on llama.cpp, one request at a time on transformers
-        options = replace(options, slots=DEFAULT_SLOTS if kind == "llamacpp" and options.n_seq_max == 1 else 1)
+    if options.slots == 0:
+        options = replace(options, slots=default_slots(kind, options))
     if kind == "llamacpp":
         if path.is_dir():
             raise ConfigError(f"{path} is a directory; the llama.cpp backend needs a .gguf file (or use --backend hf)")
