@@ -258,6 +258,8 @@ class Engine:
         learned estimates carry over. Requests naming another subset of drafters get their own
         state, so (e.g. in the bench) what one configuration learned never flatters another's."""
         if self._policy_override is not None:
+            if slot.index:  # its per-request state would mix requests decoding side by side
+                raise ConfigError("an engine given one policy object serves one slot; let it make its policies")
             return self._policy_override
         key = (slot.index, name, tuple(sorted(drafters)))
         if key not in self._policies:
