@@ -107,12 +107,6 @@ class Batcher:
         self.active.append(_Active(generation, req, list(prompt[keep:-1])))
         return index
 
-    def slot_of(self, generation: Generation) -> int | None:
-        for a in self.active:
-            if a.generation is generation:
-                return a.request.slot.index
-        return None
-
     def step(self) -> list[Event]:
         """One forward for every active request: cancellations, prefill chunks, speculative
         steps; returns what happened (text, finished requests, failures)."""
