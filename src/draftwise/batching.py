@@ -94,12 +94,11 @@ class Batcher:
         spec = generation.request
         assert spec is not None, "add() takes a Generation from engine.stream()"
         prompt = spec.prompt_ids
-        index = max(self._free, key=lambda i: (
-            common_prefix_length(self.engine.slot(i).target.cached_ids, prompt[:-1]), -self._last_used[i]))
-        slot = self.engine.slot(index)
         with self.engine._lock:
+            shared = {i: common_prefix_length(self.engine.slot(i).target.cached_ids, prompt[:-1]) for i in self._free}
+            index = max(self._free, key=lambda i: (shared[i], -self._last_used[i]))
+            slot, keep = self.engine.slot(index), shared[index]
             req = self.engine.start(spec, slot)
-            keep = common_prefix_length(slot.target.cached_ids, prompt[:-1])
             slot.target.truncate(keep)
         req.stats.num_reused_tokens = keep
         self._free.discard(index)
@@ -129,12 +128,9 @@ class Batcher:
                 out = self.engine.steps([a.request for a in decoding],
                                         [(a.request.slot.target, chunk) for a, chunk in prefills])
             except BaseException as exc:
-                # A failed forward fails the requests in it; their caches are forgotten and the
-                # slots (and every other request) stay ready.
-                for a in [*decoding, *(a for a, _ in prefills)]:
-                    a.request.slot.target.reset()
-                    self._release(a)
-                    events.append(Failed(a.generation, exc))
+                # A failed forward fails the requests in it; the slots (and every other
+                # request) stay ready.
+                events += self.fail([*decoding, *(a for a, _ in prefills)], exc)
                 if not isinstance(exc, Exception):
                     raise
                 return events
@@ -152,6 +148,15 @@ class Batcher:
                     events.append(Emitted(a.generation, piece))
                 if a.request.stats.finish_reason:
                     self._finish(a, events)
+        return events
+
+    def fail(self, active: list[_Active] | None, error: BaseException) -> list[Event]:
+        """End requests (None: every active one) with an error; their caches are forgotten."""
+        events: list[Event] = []
+        for a in list(self.active if active is None else active):
+            a.request.slot.target.reset()
+            self._release(a)
+            events.append(Failed(a.generation, error))
         return events
 
     def _finish(self, a: _Active, events: list[Event]) -> None:

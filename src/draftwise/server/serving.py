@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from draftwise.batching import PREFILL_CHUNK, Batcher, Done, Emitted
-from draftwise.batching import Failed as BatchFailed
 from draftwise.engine import Engine, Generation, Result
 from draftwise.server.metrics import ServerMetrics
 from draftwise.types import SamplingParams, SpeculationConfig
@@ -269,11 +268,7 @@ class Serving:
                 events = batcher.step()
             except BaseException:  # never let one step kill the worker: the queue would hang
                 logger.exception("unexpected failure in a batched step")
-                events = []
-                for a in list(batcher.active):
-                    batcher._release(a)
-                    a.request.slot.target.reset()
-                    events.append(BatchFailed(a.generation, RuntimeError("internal error")))
+                events = batcher.fail(None, RuntimeError("internal error"))
             self.metrics.batch_rows.observe(batcher.last_rows)
             for event in events:
                 job, cache_visible = jobs[id(event.generation)]
