@@ -16,7 +16,7 @@ from pathlib import Path
 
 from draftwise.backends.base import Backend
 
-QUICK_POINTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+QUICK_POINTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 CACHE_VERSION = 1
 
 
@@ -80,8 +80,14 @@ def cache_file(backend: Backend) -> Path:
     return cache_dir() / "calibration" / f"{cache_key(backend)}.json"
 
 
+def _points(backend: Backend, thorough: bool, max_n: int) -> list[int]:
+    """The forward sizes to time: up to max_n, and at most half the context window."""
+    top = max(1, min(max_n, backend.n_ctx // 2))
+    return [n for n in (range(1, top + 1) if thorough else QUICK_POINTS) if n <= top]
+
+
 def measure(backend: Backend, points=QUICK_POINTS, *, context_len: int = 256, repeats: int = 3,
-            max_n: int = 32) -> CostCurve:
+            max_n: int = 64) -> CostCurve:
     """Time extend(n) + truncate at context_len tokens of context; median of repeats per n."""
     points = sorted({n for n in points if 1 <= n <= max_n} | {1})
     context_len = max(1, min(context_len, backend.n_ctx - max(points) - 1))
@@ -111,18 +117,18 @@ def measure(backend: Backend, points=QUICK_POINTS, *, context_len: int = 256, re
     return CostCurve(tuple(result), context_len=context_len)
 
 
-def load_or_measure(backend: Backend, *, thorough: bool = False, refresh: bool = False, max_n: int = 32) -> CostCurve:
+def load_or_measure(backend: Backend, *, thorough: bool = False, refresh: bool = False, max_n: int = 64) -> CostCurve:
     """The cached curve for this backend, measuring it (quick or thorough) if absent."""
     path = cache_file(backend)
     if path.is_file() and not refresh:
         data = json.loads(path.read_text())
         curve = CostCurve.from_dict(data)
-        if not thorough or data.get("thorough"):
+        # A curve measured for shorter drafts (versions before 2026-12-01 planned at most 32
+        # tokens) is measured again.
+        wanted = max(_points(backend, thorough, max_n))
+        if (not thorough or data.get("thorough")) and curve.max_n >= wanted:
             return curve
-    if thorough:
-        curve = measure(backend, range(1, max_n + 1), repeats=5, max_n=max_n)
-    else:
-        curve = measure(backend, QUICK_POINTS, repeats=2, max_n=max_n)
+    curve = measure(backend, _points(backend, thorough, max_n), repeats=5 if thorough else 2, max_n=max_n)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({**curve.to_dict(), "thorough": thorough, "backend": backend.name,
                                 "identity": backend.identity, "threads": getattr(backend, "n_threads", 0)}))

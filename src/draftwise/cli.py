@@ -593,7 +593,7 @@ def bench_serve(compare_dirs, url, serve_args, startup_timeout, api_key, model, 
 
 @main.command()
 @click.option("--draft", default=models.DEFAULT_DRAFT, show_default=True, help="Draft model to calibrate too ('none' to skip).")
-@click.option("--thorough", is_flag=True, help="Every n in 1..32 with 5 repeats instead of a quick sample.")
+@click.option("--thorough", is_flag=True, help="Every n in 1..64 with 5 repeats instead of a quick sample.")
 @click.option("--refresh", is_flag=True, help="Measure again even if a cached curve exists.")
 @model_options
 @friendly_errors
@@ -636,9 +636,16 @@ def index() -> None:
 @click.option("--noise", type=float, default=0.0, show_default=True,
               help="Log-normal sigma of per-step timing noise, e.g. 0.15 for a shared machine.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the timing noise.")
+@click.option("--max-k", type=click.IntRange(1, 256), default=None,
+              help="Longest draft the policy plans (default: the auto policy's).")
+@click.option("--curve", "curve_path", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A cost curve to replay with instead of the run's: another run's results.json "
+                   "or a calibration file (under the cache directory's calibration/).")
+@click.option("--oracle", is_flag=True, help="Also show each set's hindsight optimum and the share the policy takes.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @friendly_errors
-def replay(results_path, sets, datastore, categories, free_lookups, noise, seed, as_json) -> None:
+def replay(results_path, sets, datastore, categories, free_lookups, noise, seed, max_k, curve_path, oracle,
+           as_json) -> None:
     """Replay a bench run's baseline answers through the auto policy and free drafters (no model run).
 
     RESULTS is a bench --out directory or its results.json; its greedy baseline answers and
@@ -648,12 +655,13 @@ def replay(results_path, sets, datastore, categories, free_lookups, noise, seed,
     from draftwise.bench import replay as bench_replay
     from draftwise.bench.runner import load_results
     from draftwise.loading import FREE_DRAFTERS, LoadOptions, datastore_drafter, free_drafter, load_backend
+    from draftwise.policy_auto import MAX_K
     from draftwise.types import ConfigError
 
     path = Path(results_path)
     results = load_results(path / "results.json" if path.is_dir() else path)
     answers = bench_replay.baseline_answers(results)
-    curve = bench_replay.calibrated_curve(results)
+    curve = bench_replay.calibrated_curve(json.loads(Path(curve_path).read_text()) if curve_path else results)
     meta = results.get("meta", {})
     source = str(meta.get("prompts", ""))
     pool = (bench_prompts.load_suite(source.removeprefix("suite ")) if source.startswith("suite ")
@@ -676,7 +684,8 @@ def replay(results_path, sets, datastore, categories, free_lookups, noise, seed,
                            LoadOptions(backend=meta.get("backend", "auto"), n_ctx=256))
     try:
         runs = bench_replay.replay(chosen, answers, backend.tokenizer, drafter_sets, curve,
-                                   count_lookups=not free_lookups, noise=noise, seed=seed)
+                                   count_lookups=not free_lookups, noise=noise, seed=seed,
+                                   max_k=max_k or MAX_K, oracle=oracle)
     finally:
         backend.close()
     summary = bench_replay.summarize(runs)
@@ -693,6 +702,7 @@ def replay(results_path, sets, datastore, categories, free_lookups, noise, seed,
         table.add_column(name, justify="right")
     for category, by_set in summary.items():
         table.add_row(category, *(f"{by_set[n]['tokens_per_step']:.2f} · {by_set[n]['speedup']:.3f}x"
+                                  + (f" · oracle {by_set[n]['oracle_speedup']:.3f}x" if oracle else "")
                                   for n in drafter_sets))
     Console(width=160).print(table)
 

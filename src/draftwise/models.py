@@ -7,6 +7,7 @@ hashing, verifies SHA-256 and size, and records the result so later calls are in
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import subprocess
@@ -85,7 +86,10 @@ Progress = Callable[[str, int, int], None]  # (message, bytes done, bytes total)
 
 
 def pull(name: str, progress: Progress | None = None) -> Path:
-    """Fetch, verify and assemble one registered model; idempotent. Returns its path."""
+    """Fetch, verify and assemble one registered model; idempotent. Returns its path.
+
+    Processes pulling the same model at once (server replicas on one host, parallel test
+    workers) take turns on a lock file: the first one fetches, the others find it in the cache."""
     if name not in REGISTRY:
         raise ModelError(f"unknown model {name!r}; known: {', '.join(REGISTRY)}")
     spec = REGISTRY[name]
@@ -95,6 +99,16 @@ def pull(name: str, progress: Progress | None = None) -> Path:
             progress(f"{name}: already in cache", spec.size, spec.size)
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".gguf.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
+        if is_pulled(name):
+            if progress:
+                progress(f"{name}: fetched by another process", spec.size, spec.size)
+            return path
+        return _fetch(name, spec, path, progress)
+
+
+def _fetch(name: str, spec: ModelSpec, path: Path, progress: Progress | None) -> Path:
     partial = path.with_suffix(".gguf.partial")
     digest = hashlib.sha256()
     done = 0

@@ -14,6 +14,7 @@ token x with probability p(x), the chance that the committed token is x.
 
 from __future__ import annotations
 
+import bisect
 import time
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -24,7 +25,12 @@ from draftwise.drafters.base import Drafter
 from draftwise.policy import Plan, PlanState
 from draftwise.types import SpeculationConfig, StepStats
 
-MAX_K = 32
+# The longest draft planned. Measured here (default target, 1,000 tokens of context, ms for n
+# rows with all logits): 32 rows 454-465 (4.4-4.7 plain steps' worth of tokens per plain
+# step's time), 64 rows 866-884 (4.7-4.9), 96 rows 1,236-1,277 (5.0), 128 rows 1,626-1,772
+# (4.7-5.3): past 64 a fully accepted draft gains at most a few percent more, while a miss
+# costs 25 plain steps (2026-12-01).
+MAX_K = 64
 # Speculate only when the expected rate beats plain decoding by this factor: estimates are
 # noisy and a marginal win is not worth the risk of a loss (nor the numerics drift).
 MIN_GAIN = 1.05
@@ -32,15 +38,27 @@ MIN_GAIN = 1.05
 # was not taken, is consulted less often: every 2nd, 4th, ... up to MAX_BACKOFF-th step.
 LOOKUP_SHARE = 0.01
 MAX_BACKOFF = 8
-# Prior conditional acceptance of an n-gram proposal by the length of the matched suffix.
-NGRAM_BUCKETS = (1, 2, 3, 4, 5, 8, 16, 32)
-NGRAM_PRIORS = (0.25, 0.35, 0.45, 0.5, 0.6, 0.7, 0.8, 0.9)
+# A lookup copies: its proposal continues an earlier occurrence of the text just written (the
+# file being edited, the prediction, an earlier turn). Whether its next token is right depends
+# on how long the copy has held, so its estimate is a hazard by match length (CopyEstimate):
+# c(L) = P(right | the L tokens before it matched the source), L = the proposal's backward match
+# length + its position in the draft. Prior c(L) by bucket of L:
+COPY_BUCKETS = (1, 2, 3, 4, 5, 8, 16, 32, 64, 128)
+COPY_PRIORS = (0.25, 0.35, 0.45, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.97)
 DRAFT_MODEL_PRIOR = 0.7
-# ESTIMATE_KEYS: a free drafter's estimate is keyed by its name, proposal kind and match
-# length only, whatever the other lookups propose. Keying it also by agreement with the
-# other lookups (tried 2026-11-30) split it into slowly learned parts: replayed on the full suite,
-# the three-lookup set lost 1 point of speedup overall and 3 on summarization, and fell
-# below its best member; without it, it equals it.
+# Continuations of a short match (backward match length below COPY_SPLIT) and of a long one
+# are learned apart: JSON keys and boilerplate give short matches that diverge soon after, an
+# unchanged stretch of a file being edited long ones that do not.
+COPY_SPLIT = 8
+# ESTIMATE_KEYS: a free drafter's estimate is keyed by its name and proposal kind only,
+# whatever the other lookups propose. Keying it also by agreement with the other lookups
+# (tried 2026-11-30) split it into slowly learned parts: replayed on the full suite, the
+# three-lookup set lost 1 point of speedup overall and 3 on summarization, and fell below its
+# best member; without it, it equals it. Keying it by the match length's bucket, with c per
+# draft position (as a draft model's), was the rule before 2026-12-01: it learned each bucket
+# apart and a new copy climbed the buckets a few tokens per step, so on whole-file edits it
+# drafted at most 15 tokens where the hindsight optimum drafts 47-64 (`draftwise replay
+# --oracle`).
 
 # Smoothing of the observed/calibrated target time: machine load (all steps), and the
 # per-batch-size correction of the calibrated curve. Replaying the suite's answers under
@@ -68,13 +86,9 @@ def best_case_draft_speedup(target_cost: CostCurve, draft_cost: CostCurve, max_k
     return best, best_k
 
 
-def ngram_bucket(match_length: float) -> int:
-    """Index of the bucket for a matched-suffix length. Example: 6 -> 4 (the 5..7 bucket)."""
-    index = 0
-    for i, lower in enumerate(NGRAM_BUCKETS):
-        if match_length >= lower:
-            index = i
-    return index
+def copy_bucket(match_length: float) -> int:
+    """Index of the bucket for a match length. Example: 6 -> 4 (the 5..7 bucket)."""
+    return max(0, bisect.bisect_right(COPY_BUCKETS, match_length) - 1)
 
 
 @dataclass
@@ -121,11 +135,78 @@ class AcceptanceEstimate:
         return [round(self.rate(i), 3) for i in range(n)]
 
 
+class CopyEstimate:
+    """c(L) = P(a lookup's token is right | the L tokens before it matched its source), smoothed
+    per bucket of L (COPY_BUCKETS). A proposal with backward match length L drafts its token j
+    at length L + j, so one accepted 40-token draft teaches c at L..L+40, and a new copy (short
+    match) is drafted further as soon as its match grows. A proposal's first token has a table of
+    its own: a fresh match is wrong where the text diverges from its source right after a
+    repeated part (a JSON key and its value), while a continuation has already survived; and
+    continuations of short and long matches have one each (COPY_SPLIT). Each update first
+    decays the buckets it touches once, so the estimate follows the text by steps, not tokens.
+
+    Example: after many fully accepted drafts at L >= 32, c(40) is near 1 and E(31) is near 32,
+    while c(3) keeps its prior until short matches are tried.
+    """
+
+    def __init__(self, priors: Sequence[float] | None = None, prior_weight: float = 3.0, decay: float = 0.9) -> None:
+        # Three tables of COPY_BUCKETS each: first tokens, continuations of short, of long matches.
+        self.priors = tuple(COPY_PRIORS if priors is None else priors) * 3
+        self.prior_weight, self.decay = prior_weight, decay
+        self.hits = [0.0] * len(self.priors)
+        self.trials = [0.0] * len(self.priors)
+        self._rates: list[float] | None = None
+
+    def _index(self, length: float, j: int) -> int:
+        nb = len(self.priors) // 3
+        return copy_bucket(length + j) + (0 if not j else nb if length < COPY_SPLIT else 2 * nb)
+
+    def rates(self) -> list[float]:
+        """c per bucket of every table: its observations shrunk towards its prior. (A prior of at
+        least the next shorter bucket's rate, tried 2026-12-01, lost half a point of replayed
+        speedup on the full suite and on whole-file edits.)"""
+        if self._rates is None:
+            w = self.prior_weight
+            self._rates = [(h + p * w) / (t + w) for h, t, p in zip(self.hits, self.trials, self.priors)]
+        return self._rates
+
+    def rate(self, length: float, j: int = 0) -> float:
+        """c for draft token j of a proposal with backward match length `length`."""
+        return self.rates()[self._index(length, j)]
+
+    def update(self, length: float, num_drafted: int, num_accepted: int) -> None:
+        judged = [self._index(length, j) for j in range(min(num_drafted, num_accepted + 1))]
+        for i in set(judged):
+            self.trials[i] *= self.decay
+            self.hits[i] *= self.decay
+        for j, i in enumerate(judged):
+            self.trials[i] += 1.0
+            self.hits[i] += float(j < num_accepted)
+        self._rates = None
+
+    def expected_tokens(self, length: float, k: int) -> list[float]:
+        """[E(0), ..., E(k)] for a proposal whose backward match length is `length`."""
+        rates = self.rates()
+        out, survive, total = [1.0], 1.0, 1.0
+        for j in range(k):
+            survive *= rates[self._index(length, j)]
+            total += survive
+            out.append(total)
+        return out
+
+    def summary(self) -> dict[str, list[float]]:
+        """c by bucket of L for first tokens and for continuations of short and of long matches."""
+        nb = len(COPY_BUCKETS)
+        rate = [round(r, 3) for r in self.rates()]
+        return {"first": rate[:nb], "continued_short": rate[nb : 2 * nb], "continued_long": rate[2 * nb :]}
+
+
 @dataclass(frozen=True)
 class _Shadow:
     """A free drafter's proposal made when the context had `start` tokens."""
 
-    key: tuple[str, int]
+    key: str
+    length: float  # the proposal's backward match length
     start: int
     token_ids: tuple[int, ...]
 
@@ -194,7 +275,7 @@ class _Option:
     first_ms: float = 0.0  # a model drafter: its first token (catching up), then step_ms each
     step_ms: float = 0.0
     draft: Draft | None = None  # a free drafter's proposal
-    key: tuple[str, int] | None = None  # the estimate a model drafter's verdict updates
+    key: str | None = None  # the estimate a model drafter's verdict updates
 
     def draft_ms(self, k: int) -> float:
         return 0.0 if k == 0 else self.first_ms + self.step_ms * (k - 1)
@@ -224,11 +305,12 @@ class AutoPolicy:
             time = TargetTime(target, target_cost, max_n=max_k + 1)
         self.time = time
         self._drafters: list[Drafter] = []
-        self._estimates: dict[tuple[str, int], AcceptanceEstimate] = {}
+        self._estimates: dict[str, AcceptanceEstimate] = {}  # draft models'
+        self._copies: dict[str, CopyEstimate] = {}  # free drafters', by name and proposal kind
         self._draft_scale: dict[str, _Scale] = {}
         # (estimate key the verdict updates, calibrated draft ms): a key only for a model
         # drafter; free drafters' estimates are updated by shadow scoring instead.
-        self._last: tuple[tuple[str, int] | None, float] | None = None
+        self._last: tuple[str | None, float] | None = None
         self._lookup_ms: dict[str, float] = {}  # smoothed propose() time of free drafters
         self._backoff: dict[str, int] = {}  # current back-off interval in steps
         self._skip: dict[str, int] = {}  # steps left before the next consultation
@@ -253,10 +335,16 @@ class AutoPolicy:
                     raise ValueError(f"the auto policy needs a cost curve for drafter {d.name!r}")
                 self.draft_costs[d.name] = load_or_measure(backend, max_n=self.max_k)
 
-    def _estimate(self, key: tuple[str, int], prior: float) -> AcceptanceEstimate:
+    def _estimate(self, key: str, prior: float) -> AcceptanceEstimate:
         est = self._estimates.get(key)
         if est is None:
             est = self._estimates[key] = AcceptanceEstimate(prior=prior)
+        return est
+
+    def _copy(self, key: str) -> CopyEstimate:
+        est = self._copies.get(key)
+        if est is None:
+            est = self._copies[key] = CopyEstimate()
         return est
 
     def _target_ms(self, n: int) -> float:
@@ -271,9 +359,9 @@ class AutoPolicy:
             known = context[shadow.start : shadow.start + len(shadow.token_ids)]
             matched = common_prefix_length(known, shadow.token_ids)
             if matched < len(known):
-                self._estimates[shadow.key].update(matched + 1, matched)
+                self._copies[shadow.key].update(shadow.length, matched + 1, matched)
             elif matched == len(shadow.token_ids):
-                self._estimates[shadow.key].update(matched, matched)
+                self._copies[shadow.key].update(shadow.length, matched, matched)
             else:
                 pending.append(shadow)
         self._shadows = pending[-MAX_SHADOWS:]
@@ -305,18 +393,17 @@ class AutoPolicy:
             consulted.append(drafter)
             if not len(draft):
                 continue
-            bucket = ngram_bucket(draft.score)
             # A drafter with several sources (suffix: live context, history) gets an estimate
             # per source: a history match of the same length is right less often. (It does not
             # depend on what the other lookups propose: see ESTIMATE_KEYS.)
-            key = (f"{drafter.name}:{draft.kind}" if draft.kind else drafter.name, bucket)
-            est = self._estimate(key, NGRAM_PRIORS[bucket])
-            self._shadows.append(_Shadow(key, len(state.context), tuple(draft.token_ids)))
-            options.append(_Option(drafter, est.expected_tokens(len(draft)), draft=draft))
+            key = f"{drafter.name}:{draft.kind}" if draft.kind else drafter.name
+            est = self._copy(key)
+            self._shadows.append(_Shadow(key, draft.score, len(state.context), tuple(draft.token_ids)))
+            options.append(_Option(drafter, est.expected_tokens(draft.score, len(draft)), draft=draft))
         for drafter in self._drafters if k_cap > 0 else ():
             if drafter.free:
                 continue
-            key = (drafter.name, 0)
+            key = drafter.name
             cost = self.draft_costs[drafter.name]
             scale = self._draft_scale.setdefault(drafter.name, _Scale()).value
             backend = getattr(drafter, "backend", None)
@@ -366,7 +453,8 @@ class AutoPolicy:
             "policy": self.name,
             "target_cost_ms": {n: round(self._target_ms(n), 2) for n in (1, 2, 4, 8, 16, 32)},
             "target_time_scale": round(self.time.load.value, 3),
-            "acceptance": {f"{name}/{bucket}": est.summary() for (name, bucket), est in sorted(self._estimates.items())},
+            "acceptance": {name: est.summary() for name, est in sorted(self._estimates.items())},
+            "copy_acceptance": {name: est.summary() for name, est in sorted(self._copies.items())},
             "draft_time_scale": {name: round(s.value, 3) for name, s in self._draft_scale.items()},
             "lookup_ms": {name: round(ms, 3) for name, ms in self._lookup_ms.items()},
         }

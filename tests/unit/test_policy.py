@@ -8,7 +8,7 @@ from draftwise.backends.toy import ToyBackend, ToyModel
 from draftwise.calibrate import CostCurve, cache_file, load_or_measure
 from draftwise.drafters import ModelDrafter, NgramDrafter
 from draftwise.policy import HeuristicPolicy, PlanState
-from draftwise.policy_auto import AcceptanceEstimate, AutoPolicy
+from draftwise.policy_auto import COPY_PRIORS, AcceptanceEstimate, AutoPolicy, CopyEstimate, copy_bucket
 from draftwise.types import SpeculationConfig, StepStats
 
 
@@ -181,25 +181,25 @@ def test_free_drafters_are_scored_by_committed_tokens_while_decoding_plainly():
         if plan.k:
             break
     assert plan.k == 1 and plan.draft.token_ids == (cycle[len(context) % 6],)
-    key = max(policy._estimates, key=lambda k: k[1])  # the longest-match bucket, where it speculated
-    est = policy._estimates[key]
-    assert est.trials[0] > 0 and est.rate(0) > 0.95 > est.prior
-    before = est.rate(0)
+    est, length = policy._copies["ngram"], plan.draft.score
+    assert est.rate(length) > 0.95 > COPY_PRIORS[copy_bucket(length)]
+    before = est.rate(length)
     policy.plan(PlanState(context=[*context, 9], max_k=1))  # the target commits another token
-    assert est.rate(0) < before
+    assert est.rate(length) < before
 
 
 def test_shadow_scores_wait_for_the_tokens_that_decide_them():
     policy = AutoPolicy(target_cost=CostCurve.linear(30.0, 28.0))
     policy.begin([NgramDrafter(1, 4)], SpeculationConfig())
-    context = [7, 1, 2, 3, 4, 8, 1, 2]  # proposes [3, 4, 8, 1, 2]
+    context = [7, 1, 2, 3, 4, 8, 1, 2]  # proposes [3, 4, 8, 1, 2], backward match length 2
     policy.plan(PlanState(context=list(context), max_k=8))
-    (first,) = policy._estimates
+    (first,) = policy._copies
     policy.plan(PlanState(context=[*context, 3, 4], max_k=8))  # two matched, three undecided
-    assert all(not est.trials for est in policy._estimates.values())
+    assert all(not any(est.trials) for est in policy._copies.values())
     policy.plan(PlanState(context=[*context, 3, 4, 5], max_k=8))  # third differs: 2 of 3 judged accepted
-    est = policy._estimates[first]
-    assert est.trials[:3] == [1.0, 1.0, 1.0] and est.hits[:3] == [1.0, 1.0, 0.0]
+    est = policy._copies[first]
+    judged = [est._index(2, j) for j in range(3)]  # lengths 2, 3, 4 of the copy
+    assert [est.trials[i] for i in judged] == [1.0, 1.0, 1.0] and [est.hits[i] for i in judged] == [1.0, 1.0, 0.0]
 
 
 class Fixed:
@@ -220,25 +220,20 @@ class Fixed:
 
 
 def test_each_lookup_keeps_its_own_estimate_whatever_the_others_propose():
-    from draftwise.policy_auto import ngram_bucket
-
     cost = CostCurve(((1, 30.0), (2, 56.0), (3, 80.0), (32, 900.0)))
-    bucket = ngram_bucket(8.0)
     policy = AutoPolicy(target_cost=cost)
     policy.begin([Fixed("a", [5, 6]), Fixed("b", [4])], SpeculationConfig())
     for _ in range(3):
         policy.plan(PlanState(context=[1], max_k=4))
         policy.plan(PlanState(context=[1, 4], max_k=4))  # the target commits b's token
         policy.begin(policy._drafters, SpeculationConfig())
-    assert set(policy._estimates) == {("a", bucket), ("b", bucket)}
-    assert policy._estimates[("a", bucket)].hits[0] == 0.0 and policy._estimates[("b", bucket)].hits[0] > 2.0
-    assert f"a/{bucket}" in policy.snapshot()["acceptance"]
+    assert set(policy._copies) == {"a", "b"}
+    first = policy._copies["a"]._index(8.0, 0)
+    assert policy._copies["a"].hits[first] == 0.0 and policy._copies["b"].hits[first] > 2.0
+    assert policy.snapshot()["copy_acceptance"]["a"]["first"][copy_bucket(8.0)] < COPY_PRIORS[copy_bucket(8.0)]
 
 
 def test_each_kind_of_proposal_has_its_own_estimate():
-    from draftwise.policy_auto import ngram_bucket
-
-    bucket = ngram_bucket(8.0)
     policy = AutoPolicy(target_cost=CostCurve.linear(30.0, 28.0))
     history = Fixed("suffix", [5, 6], kind="history")
     policy.begin([history], SpeculationConfig())
@@ -246,12 +241,55 @@ def test_each_kind_of_proposal_has_its_own_estimate():
         policy.plan(PlanState(context=[1], max_k=4))
         policy.plan(PlanState(context=[1, 4], max_k=4))
         policy.begin([history], SpeculationConfig())
-    assert policy._estimates[("suffix:history", bucket)].hits[0] == 0.0
+    assert policy._copies["suffix:history"].rate(8.0) < 0.5
     # ...which says nothing about live-context proposals of the same drafter and length.
     policy.begin([Fixed("suffix", [5, 6], kind="live")], SpeculationConfig())
     policy.plan(PlanState(context=[1], max_k=4))
-    assert not policy._estimates[("suffix:live", bucket)].trials
-    assert f"suffix:history/{bucket}" in policy.snapshot()["acceptance"]
+    assert not any(policy._copies["suffix:live"].trials)
+    assert "suffix:history" in policy.snapshot()["copy_acceptance"]
+
+
+def test_an_accepted_copy_teaches_every_length_it_covered():
+    est = CopyEstimate()
+    est.update(40.0, 30, 30)  # a 30-token draft at match length 40, all accepted
+    assert est.rate(40.0) > COPY_PRIORS[copy_bucket(40.0)]  # its first token
+    assert est.rate(40.0, 1) > COPY_PRIORS[copy_bucket(41.0)]  # lengths 41..69: buckets 32 and 64
+    assert est.rate(40.0, 29) > COPY_PRIORS[copy_bucket(69.0)]
+    assert est.rate(3.0) == pytest.approx(COPY_PRIORS[copy_bucket(3.0)])  # short fresh matches: not observed
+    est.update(40.0, 30, 10)  # the next draft breaks at its 11th token (length 50)
+    assert est.rate(40.0, 10) < est.rate(40.0, 24)  # bucket 32 took the miss, bucket 64 did not
+
+
+def test_short_and_long_matches_continue_apart():
+    est = CopyEstimate()
+    for _ in range(10):
+        est.update(4.0, 8, 1)  # short matches (a repeated JSON key) break after their first token
+    assert est.rate(4.0, 1) < 0.2
+    assert est.rate(12.0, 1) == pytest.approx(COPY_PRIORS[copy_bucket(13.0)])  # a long match's continuation: untouched
+
+
+def test_a_copy_that_resumes_after_an_edit_is_drafted_long_at_once():
+    # Rows get cheaper per token up to 64, as on a CPU; a plain step is 30 ms.
+    cost = CostCurve(((1, 30.0), (4, 60.0), (16, 130.0), (32, 220.0), (48, 330.0), (64, 420.0)))
+    policy = AutoPolicy(target_cost=cost)
+    policy.begin([NgramDrafter(2, 4)], SpeculationConfig())
+    source = list(range(100, 1100))  # a file of distinct tokens, copied out with edits
+    context = [*source, 7]
+
+    def copy(start: int, steps: int) -> list[int]:
+        ks, pos = [], start + 3
+        context.extend(source[start:pos])  # the answer rejoins the file
+        for _ in range(steps):
+            plan = policy.plan(PlanState(context=list(context), max_k=64))
+            ks.append(plan.k)
+            context.extend(source[pos : pos + plan.k + 1])  # all accepted, and the target's next token
+            pos += plan.k + 1
+        return ks
+
+    first = copy(0, 20)
+    assert first[0] <= 2 and max(first) == 63  # no evidence yet: a fresh 3-token match is a poor bet
+    context.extend([5, 6, 9])  # an edit
+    assert max(copy(500, 3)) == 63  # the copy resumes: long drafts by its third step
 
 
 def test_best_case_draft_speedup_from_the_cost_curves():

@@ -44,6 +44,32 @@ def test_copying_answer_replays_faster_and_is_deterministic():
     assert summary["all"]["ngram"]["turns"] == 3
 
 
+def test_the_oracle_bounds_the_policy_and_knows_a_full_copy():
+    tok = CharTokenizer(96)
+    runs = replay(PROMPTS, ANSWERS, tok, sets(), CURVE, count_lookups=False, oracle=True)
+    for r in runs:
+        assert r.oracle_ms <= r.ms + 1e-9 and r.oracle_speedup >= r.speedup
+    by = {(r.question_id, r.turn, r.drafters): r for r in runs}
+    assert by[(1, 0, "none")].oracle_ms == pytest.approx(len(CODE) * CURVE.ms(1))  # nothing to draft with
+    # The answer repeats the prompt's code: the hindsight optimum copies nearly all of it.
+    assert by[(1, 0, "ngram")].oracle_speedup > by[(1, 0, "ngram")].speedup > 1.5
+    assert "oracle_speedup" in summarize(runs)["all"]["ngram"]
+
+
+def test_the_oracle_takes_the_cheapest_schedule():
+    from draftwise.bench.replay import oracle_ms
+    from draftwise.types import SpeculationConfig
+
+    answer = list(range(10, 30))  # a 20-token answer the drafter knows in full
+    prompt = [*answer, 1]  # the prompt holds it; the answer's first tokens are then a 1-token match away
+    curve = CostCurve(((1, 10.0), (20, 40.0)))
+    best = oracle_ms([NgramDrafter(1, 4)], SpeculationConfig(), prompt, answer, curve, max_k=64)
+    # Step 1 has no match (context ends in 1): one plain step, then the other 19 in one forward.
+    assert best == pytest.approx(10.0 + curve.ms(19))
+    capped = oracle_ms([NgramDrafter(1, 4)], SpeculationConfig(), prompt, answer, curve, max_k=4)
+    assert capped > best  # drafts of at most 4 need more forwards
+
+
 def test_noise_is_seeded():
     tok = CharTokenizer(96)
     a = replay(PROMPTS, ANSWERS, tok, sets(), CURVE, count_lookups=False, noise=0.2, seed=1)
@@ -84,6 +110,13 @@ def test_cli_replay_prints_a_table_and_json(tiny_gguf_dir, tmp_path):
     assert set(summary) == {"code_edit", "chat", "all"} and set(summary["all"]) == {"ngram", "ngram+suffix"}
     table = CliRunner().invoke(main, ["replay", str(out / "results.json"), "--categories", "code_edit"])
     assert table.exit_code == 0 and "code_edit" in table.output and "chat" not in table.output
+    curve = tmp_path / "curve.json"
+    curve.write_text(json.dumps(CostCurve(((1, 30.0), (64, 200.0))).to_dict()))  # a calibration file's form
+    oracle = CliRunner().invoke(main, ["replay", str(out), "--drafters", "ngram", "--free-lookups", "--oracle",
+                                       "--max-k", "8", "--curve", str(curve), "--json"])
+    assert oracle.exit_code == 0, oracle.output
+    got = json.loads(oracle.output)["all"]["ngram"]
+    assert got["oracle_speedup"] >= got["speedup"]
 
 
 @pytest.mark.parametrize("args, message", [

@@ -14,6 +14,12 @@ time is measured and added unless `count_lookups=False`, which also stops the po
 backing off from costly lookups (that reacts to measured time): fully deterministic.
 `noise` multiplies each step's time by a log-normal factor, as on a shared machine, to
 see how the policy's choices suffer from noisy timings.
+
+The oracle is what the same drafters could reach with hindsight: at every position of the
+answer each drafter proposes (up to max_k tokens), the longest correct proposal is known,
+and the cheapest schedule of plain steps and verified prefixes of those proposals over the
+whole answer is found by dynamic programming. The policy's speedup over the oracle's is the
+share of the reachable gain it takes; the gap is what better planning could still win.
 """
 
 from __future__ import annotations
@@ -25,12 +31,13 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from draftwise.backends.base import common_prefix_length
 from draftwise.bench.prompts import Prompt
 from draftwise.calibrate import CostCurve
 from draftwise.drafters.base import Drafter
 from draftwise.policy import PlanState
-from draftwise.policy_auto import LOOKUP_SHARE, AutoPolicy
-from draftwise.types import ConfigError, SpeculationConfig, StepStats
+from draftwise.policy_auto import LOOKUP_SHARE, MAX_K, AutoPolicy
+from draftwise.types import ConfigError, SamplingParams, SpeculationConfig, StepStats
 
 
 @dataclass(frozen=True)
@@ -45,10 +52,15 @@ class ReplayRun:
     num_steps: int
     ms: float  # modelled decode time
     plain_ms: float  # the same answer decoded plainly
+    oracle_ms: float = 0.0  # the cheapest schedule of this set's proposals, in hindsight
 
     @property
     def speedup(self) -> float:
         return self.plain_ms / self.ms
+
+    @property
+    def oracle_speedup(self) -> float:
+        return self.plain_ms / self.oracle_ms if self.oracle_ms else 0.0
 
 
 def baseline_answers(results: dict) -> dict[tuple[int, int], str]:
@@ -64,6 +76,9 @@ def baseline_answers(results: dict) -> dict[tuple[int, int], str]:
 
 
 def calibrated_curve(results: dict) -> CostCurve:
+    """The target's cost curve from a bench results.json, or a calibration cache file's."""
+    if "points" in results:
+        return CostCurve.from_dict(results)
     points = results.get("meta", {}).get("calibration", {}).get("target")
     if not points:
         raise ConfigError("the results hold no calibrated cost curve (run the bench with an auto method)")
@@ -72,14 +87,17 @@ def calibrated_curve(results: dict) -> CostCurve:
 
 def replay(prompts: Sequence[Prompt], answers: Mapping[tuple[int, int], str], tokenizer,
            drafter_sets: Mapping[str, Sequence[Drafter]], curve: CostCurve, *, count_lookups: bool = True,
-           noise: float = 0.0, seed: int = 0) -> list[ReplayRun]:
-    """Replay every answered turn of `prompts` with each drafter set under its own AutoPolicy.
+           noise: float = 0.0, seed: int = 0, max_k: int = MAX_K,
+           oracle: bool = False) -> list[ReplayRun]:
+    """Replay every answered turn of `prompts` with each drafter set under its own AutoPolicy
+    (drafting up to max_k tokens); with `oracle`, also each set's hindsight optimum.
 
     Example: an answer that copies a code block from its prompt replays at over one token
     per step with {"ngram": [NgramDrafter()]} and exactly one with a set that never matches.
     """
     share = LOOKUP_SHARE if count_lookups else math.inf
-    policies = {name: AutoPolicy(target_cost=curve, calibrate=False, lookup_share=share) for name in drafter_sets}
+    policies = {name: AutoPolicy(target_cost=curve, calibrate=False, lookup_share=share, max_k=max_k)
+                for name in drafter_sets}
     rng = random.Random(seed)
     runs: list[ReplayRun] = []
     for prompt in prompts:
@@ -92,18 +110,61 @@ def replay(prompts: Sequence[Prompt], answers: Mapping[tuple[int, int], str], to
             prompt_ids = tokenizer.encode(tokenizer.apply_chat_template(messages), add_special=True)
             answer_ids = tokenizer.encode(answer, add_special=False)
             history = [*messages, {"role": "assistant", "content": answer}]
+            predicted = prompt.prediction_for(turn)
+            speculation = SpeculationConfig(
+                prediction=tokenizer.encode(predicted, add_special=False) if predicted else ())
             for name, drafters in drafter_sets.items():
-                steps, ms = _replay_one(policies[name], drafters, prompt_ids, answer_ids, curve, count_lookups,
-                                        noise, rng)
+                best_ms = 0.0
+                if oracle:
+                    saved = [d.snapshot() if hasattr(d, "snapshot") else None for d in drafters]
+                    best_ms = oracle_ms(drafters, speculation, prompt_ids, answer_ids, curve, max_k)
+                    for d, state in zip(drafters, saved):
+                        if state is not None:
+                            d.restore(state)
+                steps, ms = _replay_one(policies[name], drafters, speculation, prompt_ids, answer_ids, curve,
+                                        count_lookups, noise, rng)
                 runs.append(ReplayRun(prompt.category, prompt.question_id, turn, name, len(answer_ids), steps,
-                                      ms, len(answer_ids) * curve.ms(1)))
+                                      ms, len(answer_ids) * curve.ms(1), best_ms))
     return runs
 
 
-def _replay_one(policy: AutoPolicy, drafters: Sequence[Drafter], prompt_ids: list[int], answer_ids: list[int],
-                curve: CostCurve, count_lookups: bool, noise: float, rng: random.Random) -> tuple[int, float]:
+def oracle_ms(drafters: Sequence[Drafter], speculation: SpeculationConfig, prompt_ids: list[int],
+              answer_ids: list[int], curve: CostCurve, max_k: int) -> float:
+    """The least modelled time in which these drafters' proposals could have produced the answer.
+
+    correct[p] = the longest correct proposal of any drafter at position p (each proposes once
+    per position, as the context grows one token at a time); then best[p] = min(curve(1) +
+    best[p + 1], min over 1 <= k <= correct[p] of curve(k + 1) + best[p + k + 1]).
+    Example: an answer its one drafter always proposes in full costs curve(len(answer)) at
+    max_k >= len(answer) - 1.
+    """
+    sampling = SamplingParams()
+    for d in drafters:
+        d.begin(sampling, speculation)
+    n = len(answer_ids)
+    correct = [0] * n
+    for pos in range(n):
+        context = prompt_ids + answer_ids[:pos]
+        limit = min(max_k, n - pos - 1)
+        for d in drafters:
+            if limit <= 0:
+                break
+            draft = d.propose(context, limit)
+            correct[pos] = max(correct[pos], common_prefix_length(draft.token_ids[:limit], answer_ids[pos:]))
+    cost = [curve.ms(j) for j in range(max_k + 2)]
+    best = [0.0] * (n + 1)
+    for pos in range(n - 1, -1, -1):
+        best[pos] = min(cost[k + 1] + best[pos + k + 1] for k in range(correct[pos] + 1))
+    return best[0]
+
+
+def _replay_one(policy: AutoPolicy, drafters: Sequence[Drafter], speculation: SpeculationConfig,
+                prompt_ids: list[int], answer_ids: list[int], curve: CostCurve, count_lookups: bool, noise: float,
+                rng: random.Random) -> tuple[int, float]:
     """One answer under one policy: (target steps, modelled ms)."""
-    policy.begin(drafters, SpeculationConfig())
+    policy.begin(drafters, speculation)
+    for d in drafters:
+        d.begin(SamplingParams(), speculation)
     steps, ms, pos = 0, 0.0, 0
     while pos < len(answer_ids):
         context = prompt_ids + answer_ids[:pos]
@@ -138,7 +199,14 @@ def summarize(runs: Sequence[ReplayRun]) -> dict[str, dict[str, dict[str, float]
     for (category, name), group in groups.items():
         out[category][name] = {
             "tokens_per_step": sum(r.num_tokens for r in group) / sum(r.num_steps for r in group),
-            "speedup": math.exp(sum(math.log(r.speedup) for r in group) / len(group)),
+            "speedup": _geomean(r.speedup for r in group),
             "turns": len(group),
         }
+        if all(r.oracle_ms for r in group):
+            out[category][name]["oracle_speedup"] = _geomean(r.oracle_speedup for r in group)
     return dict(out)
+
+
+def _geomean(values) -> float:
+    values = list(values)
+    return math.exp(sum(math.log(v) for v in values) / len(values))

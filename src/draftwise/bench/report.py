@@ -37,7 +37,7 @@ TABLE_HEADERS = ("category", "method", "n", "tok/s", "speedup", "drift-corr.", "
 def variant_label(record: dict) -> str:
     """'baseline', 'ngram k=4', 'draft k=4 dT=0.7'."""
     label = record["method"]
-    # NOTE: the auto policy chooses k itself (0..32), so its --k value says nothing.
+    # NOTE: the auto policy chooses k itself (0..64), so its --k value says nothing.
     if record.get("k") is not None and record.get("policy", "") != "auto" and not label.startswith("auto"):
         label += f" k={record['k']}"
     if record.get("draft_temperature") is not None:
