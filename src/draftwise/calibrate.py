@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -130,6 +131,10 @@ def load_or_measure(backend: Backend, *, thorough: bool = False, refresh: bool =
             return curve
     curve = measure(backend, _points(backend, thorough, max_n), repeats=5 if thorough else 2, max_n=max_n)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({**curve.to_dict(), "thorough": thorough, "backend": backend.name,
-                                "identity": backend.identity, "threads": getattr(backend, "n_threads", 0)}))
+    # Written aside and renamed: another process reading the cache meanwhile sees the old file or
+    # the new one, never half of one.
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({**curve.to_dict(), "thorough": thorough, "backend": backend.name,
+                               "identity": backend.identity, "threads": getattr(backend, "n_threads", 0)}))
+    tmp.replace(path)
     return curve

@@ -123,21 +123,31 @@ def free_drafter(name: str, options: LoadOptions = LoadOptions()):
 def draft_model_verdict(target: Backend, draft: Backend, speculation: SpeculationConfig | None) -> str:
     """Why a draft model is not worth its memory here ('' if it may pay, or the policy is not auto).
 
-    From both models' calibrated costs (measured once, cached): the speedup of a draft whose
-    every token is accepted, at its best k. At or below the auto policy's minimum gain it can
-    never be chosen, so keeping it loaded costs memory for nothing.
+    From both models' calibrated costs (measured once, cached). The auto policy starts a draft
+    model's estimate at DRAFT_MODEL_PRIOR acceptance per token and learns it only from the
+    steps that draft with it; if at that acceptance no k beats plain decoding by MIN_GAIN, the
+    policy never drafts with it, so it never learns otherwise, and keeping the model loaded
+    costs its memory for nothing. The message also gives the most it could gain (every token
+    accepted), which is the figure to compare with a host where it pays.
     """
     from draftwise.calibrate import load_or_measure
-    from draftwise.policy_auto import MAX_K, MIN_GAIN, best_case_draft_speedup
+    from draftwise.policy_auto import DRAFT_MODEL_PRIOR, MAX_K, MIN_GAIN, draft_speedup
 
     if speculation is not None and speculation.policy != "auto":
         return ""
-    best, k = best_case_draft_speedup(load_or_measure(target, max_n=MAX_K + 1), load_or_measure(draft, max_n=MAX_K))
-    if best > MIN_GAIN:
+    target_cost, draft_cost = load_or_measure(target, max_n=MAX_K + 1), load_or_measure(draft, max_n=MAX_K)
+    at_prior, _ = draft_speedup(target_cost, draft_cost, DRAFT_MODEL_PRIOR)
+    if at_prior > MIN_GAIN:
         return ""
-    return (f"not loaded: even with every draft token accepted it would run at {best:.2f}x of plain decoding "
-            f"on this machine (best k = {k}, from the calibrated costs), below the {MIN_GAIN:.2f}x the auto policy "
-            "needs; --policy fixed loads it anyway")
+    best, k = draft_speedup(target_cost, draft_cost)
+    if best <= MIN_GAIN:
+        return (f"not loaded: even with every draft token accepted it would run at {best:.2f}x of plain decoding "
+                f"on this machine (best k = {k}, from the calibrated costs), below the {MIN_GAIN:.2f}x the auto "
+                "policy needs; --policy fixed loads it anyway")
+    return (f"not loaded: the auto policy would never draft with it on this machine: at the acceptance it starts "
+            f"from ({DRAFT_MODEL_PRIOR:.2f} per token) it would run at {at_prior:.2f}x of plain decoding, below the "
+            f"{MIN_GAIN:.2f}x it needs (with every token accepted {best:.2f}x at k = {k}, from the calibrated "
+            "costs); --policy fixed loads it anyway")
 
 
 def datastore_drafter(path: str):
@@ -158,9 +168,9 @@ def load_engine(
 ) -> Engine:
     """Load the target, the drafters and an Engine. Raises ConfigError/ModelError/BackendError.
 
-    Under the auto policy (the default) a draft model that could not beat plain decoding on this
-    machine even if every token were accepted is unloaded again after calibration (see
-    draft_model_verdict); `engine.skipped_drafters` says why.
+    Under the auto policy (the default) a draft model the policy would never draft with on this
+    machine is unloaded again after calibration (see draft_model_verdict); `engine.skipped_drafters`
+    says why.
     """
     drafter_names = parse_drafters(draft)
     target_backend = load_backend(target, options, progress)

@@ -71,16 +71,21 @@ SHAPE_ALPHA = 0.03
 MAX_SHADOWS = 64
 
 
-def best_case_draft_speedup(target_cost: CostCurve, draft_cost: CostCurve, max_k: int = MAX_K) -> tuple[float, int]:
-    """(speedup over plain decoding, k) of a draft model whose every token is accepted: the most
-    it could ever gain on this machine. Drafting k tokens costs k draft forwards of one token;
-    verifying them one target forward of k + 1. Example: a draft at 0.7 of a target token and
+def draft_speedup(target_cost: CostCurve, draft_cost: CostCurve, acceptance: float = 1.0,
+                  max_k: int = MAX_K) -> tuple[float, int]:
+    """(speedup over plain decoding, k) of a draft model whose tokens are each accepted with
+    probability `acceptance`, at its best k. Drafting k tokens costs k draft forwards of one
+    token; verifying them one target forward of k + 1. With acceptance 1 it is the most a draft
+    model could ever gain on this machine. Example: a draft at 0.7 of a target token and
     verification of k tokens at 0.6 k target tokens -> below 1 for every k: it can never pay.
     """
     plain = target_cost.ms(1)
     best, best_k = 0.0, 0
+    expected, survive = 1.0, 1.0
     for k in range(1, max_k + 1):
-        rate = (k + 1) / (draft_cost.ms(1) * k + target_cost.ms(k + 1))
+        survive *= acceptance
+        expected += survive
+        rate = expected / (draft_cost.ms(1) * k + target_cost.ms(k + 1))
         if rate * plain > best:
             best, best_k = rate * plain, k
     return best, best_k
@@ -451,7 +456,7 @@ class AutoPolicy:
     def snapshot(self) -> dict:
         return {
             "policy": self.name,
-            "target_cost_ms": {n: round(self._target_ms(n), 2) for n in (1, 2, 4, 8, 16, 32)},
+            "target_cost_ms": {n: round(self._target_ms(n), 2) for n in (1, 2, 4, 8, 16, 32, 64)},
             "target_time_scale": round(self.time.load.value, 3),
             "acceptance": {name: est.summary() for name, est in sorted(self._estimates.items())},
             "copy_acceptance": {name: est.summary() for name, est in sorted(self._copies.items())},

@@ -175,19 +175,26 @@ def test_constrained_greedy_speculative_equals_constrained_plain(tiny_gguf_dir, 
         twin.close()
 
 
-@pytest.mark.parametrize("verify_per_token, loaded", [(0.6, False), (0.05, True)])
-def test_a_draft_model_that_cannot_pay_is_not_kept(tiny_gguf_dir, monkeypatch, verify_per_token, loaded):
+@pytest.mark.parametrize("verify_per_token, draft_ms, loaded, why", [
+    (0.6, 21.0, False, "even with every draft token accepted"),
+    (0.3, 10.0, False, "would never draft with it"),
+    (0.05, 21.0, True, ""),
+])
+def test_a_draft_model_that_cannot_pay_is_not_kept(tiny_gguf_dir, monkeypatch, verify_per_token, draft_ms, loaded,
+                                                   why):
     """Synthetic calibrations: a draft token at 0.7 of a target token and verification of k tokens
-    at 0.6 k plain steps (this CPU) -> never worth it, so the auto default unloads it; with nearly
-    free verification (a GPU) it stays. --policy fixed keeps it either way."""
+    at 0.6 k plain steps (a CPU) -> never worth it, so the auto default unloads it. A draft token
+    at 1/3 of a target token and verification at 0.3 k: 1.55x if every token were accepted, but at
+    the 70% the policy starts from at most 1.04x, so the policy would never try it: unloaded too.
+    With nearly free verification (a GPU) it stays. --policy fixed keeps it either way."""
     from draftwise import calibrate
     from draftwise.calibrate import CostCurve
     from draftwise.loading import LoadOptions, load_engine
 
     def fake(backend, **_):
         if backend.name == "draft.gguf":
-            return CostCurve.linear(21.0, 21.0, max_n=32)
-        return CostCurve(tuple((n, 30.0 * (1 + verify_per_token * (n - 1))) for n in range(1, 34)))
+            return CostCurve.linear(draft_ms, draft_ms, max_n=64)
+        return CostCurve(tuple((n, 30.0 * (1 + verify_per_token * (n - 1))) for n in range(1, 66)))
 
     monkeypatch.setattr(calibrate, "load_or_measure", fake)
     options = LoadOptions(n_ctx=256, threads=1)
@@ -200,7 +207,7 @@ def test_a_draft_model_that_cannot_pay_is_not_kept(tiny_gguf_dir, monkeypatch, v
                                 drafters=["ngram"]).stats
         assert ("draft" in stats.to_dict()["skipped_drafters"]) == (not loaded)
         if not loaded:
-            assert "0." in engine.skipped_drafters["draft"] and "x of plain decoding" in engine.skipped_drafters["draft"]
+            assert why in engine.skipped_drafters["draft"] and "x of plain decoding" in engine.skipped_drafters["draft"]
             with pytest.raises(ConfigError, match="was not loaded"):
                 engine.generate("hello", drafters=["draft"])
     finally:

@@ -292,12 +292,17 @@ def test_a_copy_that_resumes_after_an_edit_is_drafted_long_at_once():
     assert max(copy(500, 3)) == 63  # the copy resumes: long drafts by its third step
 
 
-def test_best_case_draft_speedup_from_the_cost_curves():
-    from draftwise.policy_auto import best_case_draft_speedup
+def test_draft_speedup_from_the_cost_curves():
+    from draftwise.policy_auto import draft_speedup
 
     cpu_target = CostCurve(tuple((n, 30.0 * (1 + 0.6 * (n - 1))) for n in range(1, 34)))
-    best, _ = best_case_draft_speedup(cpu_target, CostCurve.linear(21.0, 21.0))
+    best, _ = draft_speedup(cpu_target, CostCurve.linear(21.0, 21.0))
     assert best < 1.0  # this CPU: a perfect draft model still loses
     gpu_target = CostCurve(tuple((n, 30.0 + 0.3 * (n - 1)) for n in range(1, 34)))
-    best, k = best_case_draft_speedup(gpu_target, CostCurve.linear(3.0, 3.0))
+    best, k = draft_speedup(gpu_target, CostCurve.linear(3.0, 3.0))
     assert best > 3.0 and k > 4
+    # At 70% per token: E(k) = (1 - 0.7^(k+1)) / 0.3, so one verification of k = 1 at 30.3 ms + 3 ms
+    # commits 1.7 tokens where plain decoding commits 1 in 30 ms.
+    at_prior, k = draft_speedup(gpu_target, CostCurve.linear(3.0, 3.0), 0.7)
+    assert 1.0 < at_prior < best and k < 16
+    assert at_prior > 1.7 * 30.0 / (3.0 + 30.3) - 1e-9
