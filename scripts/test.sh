@@ -5,5 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh test,hf
 . .venv/bin/activate
-# Two workers (pytest-xdist): most tests run one Python thread, so the two cores share the work.
-python -m pytest -q -n 2 --dist loadgroup "$@"
+python -m pytest -q "$@"
