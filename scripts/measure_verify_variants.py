@@ -34,6 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
+from draftwise.backends.base import common_prefix_length
+from draftwise.bench.report import always_right_ceiling
 from draftwise.calibrate import CostCurve, measure
 from draftwise.models import DEFAULT_TARGET, resolve
 
@@ -196,22 +198,14 @@ def greedy_agreement(models: dict[str, Path], max_tokens: int, threads: int) -> 
     out = {}
     for name, answers in texts.items():
         same = [a == b for a, b in zip(answers, original)]
-        prefix = [_common(a, b) / max(len(b), 1) for a, b in zip(answers, original)]
+        prefix = [common_prefix_length(a, b) / max(len(b), 1) for a, b in zip(answers, original)]
         out[name] = {"identical": sum(same) / len(same), "mean_prefix_share": float(np.mean(prefix))}
     return out
 
 
-def _common(a: list[int], b: list[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
-
-
 def ceiling(curve: dict[int, float]) -> tuple[float, int]:
-    """The always-right ceiling: best over k of (k + 1) cost(1) / cost(k + 1)."""
-    c = CostCurve(tuple(sorted(curve.items())))
-    return max(((k + 1) * c.ms(1) / c.ms(k + 1), k) for k in range(1, c.max_n))
+    """The always-right ceiling, as the bench reports it."""
+    return always_right_ceiling({str(n): ms for n, ms in curve.items()})
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import bisect
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from draftwise.backends.base import common_prefix_length
 from draftwise.calibrate import CostCurve, load_or_measure
@@ -71,6 +71,18 @@ SHAPE_ALPHA = 0.03
 MAX_SHADOWS = 64
 
 
+def expected_tokens(rates: Iterable[float]) -> list[float]:
+    """[E(0), E(1), ..., E(k)] for conditional acceptances c_1..c_k of a draft's tokens: E(j) =
+    1 + sum over i <= j of c_1 ... c_i (the target's own token always counts).
+    Example: [0.5, 0.5] -> [1.0, 1.5, 1.75]."""
+    out, survive, total = [1.0], 1.0, 1.0
+    for c in rates:
+        survive *= c
+        total += survive
+        out.append(total)
+    return out
+
+
 def draft_speedup(target_cost: CostCurve, draft_cost: CostCurve, acceptance: float = 1.0,
                   max_k: int = MAX_K) -> tuple[float, int]:
     """(speedup over plain decoding, k) of a draft model whose tokens are each accepted with
@@ -81,11 +93,9 @@ def draft_speedup(target_cost: CostCurve, draft_cost: CostCurve, acceptance: flo
     """
     plain = target_cost.ms(1)
     best, best_k = 0.0, 0
-    expected, survive = 1.0, 1.0
+    expected = expected_tokens([acceptance] * max_k)
     for k in range(1, max_k + 1):
-        survive *= acceptance
-        expected += survive
-        rate = expected / (draft_cost.ms(1) * k + target_cost.ms(k + 1))
+        rate = expected[k] / (draft_cost.ms(1) * k + target_cost.ms(k + 1))
         if rate * plain > best:
             best, best_k = rate * plain, k
     return best, best_k
@@ -129,12 +139,7 @@ class AcceptanceEstimate:
 
     def expected_tokens(self, k: int) -> list[float]:
         """[E(0), E(1), ..., E(k)]: expected committed tokens when drafting j tokens."""
-        out, survive, total = [1.0], 1.0, 1.0
-        for i in range(k):
-            survive *= self.rate(i)
-            total += survive
-            out.append(total)
-        return out
+        return expected_tokens(self.rate(i) for i in range(k))
 
     def summary(self, n: int = 8) -> list[float]:
         return [round(self.rate(i), 3) for i in range(n)]
@@ -192,12 +197,7 @@ class CopyEstimate:
     def expected_tokens(self, length: float, k: int) -> list[float]:
         """[E(0), ..., E(k)] for a proposal whose backward match length is `length`."""
         rates = self.rates()
-        out, survive, total = [1.0], 1.0, 1.0
-        for j in range(k):
-            survive *= rates[self._index(length, j)]
-            total += survive
-            out.append(total)
-        return out
+        return expected_tokens(rates[self._index(length, j)] for j in range(k))
 
     def summary(self) -> dict[str, list[float]]:
         """c by bucket of L for first tokens and for continuations of short and of long matches."""

@@ -188,13 +188,17 @@ def test_api_key_is_enforced_through_ray(ray_url, single_url):
     assert httpx.get(f"{ray_url}/health").json()["slots"] == 2  # /health needs no key, as on the single server
 
 
-@through_ray
-def test_client_disconnect_cancels_the_generation_on_its_replica(ray_url):
-    raw = client(ray_url).completions.with_raw_response.create(
+def _long_stream(url: str):
+    """(replica id, chunk stream) of a completion that would fill the context window."""
+    raw = client(url).completions.with_raw_response.create(
         model=MODEL, prompt="a long story", max_tokens=N_CTX - 64, temperature=0, stream=True,
         extra_body={"ignore_eos": True})
-    replica = raw.headers[REPLICA_HEADER]
-    stream = raw.parse()
+    return raw.headers[REPLICA_HEADER], raw.parse()
+
+
+@through_ray
+def test_client_disconnect_cancels_the_generation_on_its_replica(ray_url):
+    replica, stream = _long_stream(ray_url)
     for _, _chunk in zip(range(3), stream):
         pass
     stream.close()
@@ -212,11 +216,7 @@ def test_client_disconnect_cancels_the_generation_on_its_replica(ray_url):
 @through_ray
 def test_killed_replica_fails_its_stream_loudly_and_later_requests_succeed(ray_url):
     """Runs last in the module: it kills one of the two replicas."""
-    raw = client(ray_url).completions.with_raw_response.create(
-        model=MODEL, prompt="a long story", max_tokens=N_CTX - 64, temperature=0, stream=True,
-        extra_body={"ignore_eos": True})
-    replica = raw.headers[REPLICA_HEADER]
-    stream = raw.parse()
+    replica, stream = _long_stream(ray_url)
     finish, error, num_chunks = None, None, 0
     try:
         for chunk in stream:
