@@ -1,9 +1,32 @@
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+_USER_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+_SESSION_CACHE: Path | None = None
+
+
+def pytest_configure(config):
+    """A cache directory of the test session's own (calibrations of temporary tiny models stay out
+    of the user's), whose models folder is the user's: the real pair is fetched once, ever."""
+    global _SESSION_CACHE
+    _SESSION_CACHE = Path(tempfile.mkdtemp(prefix="draftwise-test-cache-"))
+    models = _USER_CACHE / "draftwise" / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    (_SESSION_CACHE / "draftwise").mkdir()
+    (_SESSION_CACHE / "draftwise" / "models").symlink_to(models, target_is_directory=True)
+    os.environ["XDG_CACHE_HOME"] = str(_SESSION_CACHE)
+
+
+def pytest_unconfigure(config):
+    if _SESSION_CACHE is not None:
+        shutil.rmtree(_SESSION_CACHE, ignore_errors=True)  # removes the link, not the models
 
 
 @pytest.fixture(scope="session")

@@ -54,11 +54,13 @@ def default_paths():
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     from draftwise.drafters.datastore import DatastoreDrafter, build_datastore, stdlib_sources
-    from draftwise.loading import load_engine
+    from draftwise.loading import LoadOptions, load_engine
 
     target, draft = default_paths()
     # policy="fixed": the draft model is tested whether or not it could pay on this host.
-    engine = load_engine(str(target), f"ngram,suffix,{draft}", speculation=SpeculationConfig(policy="fixed"))
+    # Four sequences: the token-tree test verifies branches on the same target.
+    engine = load_engine(str(target), f"ngram,suffix,{draft}", options=LoadOptions(n_seq_max=4),
+                         speculation=SpeculationConfig(policy="fixed"))
     store = tmp_path_factory.mktemp("datastore") / "ds"
     encode = lambda text: engine.tokenizer.encode(text, add_special=False)  # noqa: E731
     build_datastore([*CORPUS, *stdlib_sources(max_files=20)], encode, store)
@@ -67,17 +69,26 @@ def engine(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def tree_engine():
+def tree_engine(engine):
     from draftwise.drafters import NgramDrafter
     from draftwise.engine import Engine
-    from draftwise.loading import LoadOptions, load_backend
 
-    target, _ = default_paths()
-    return Engine(load_backend(str(target), LoadOptions(n_seq_max=4)), [NgramDrafter()])
+    return Engine(engine.target, [NgramDrafter()])
+
+
+# The plain runs, once per prompt for every test of the module (they share one target).
+_PLAIN: dict[tuple[int, ...], tuple[list, list, list]] = {}
 
 
 def plain_with_margins(engine, prompt_ids, num_tokens):
     """One-at-a-time greedy decoding, recording the top-2 margin at every position."""
+    key = (*prompt_ids, num_tokens)
+    if key not in _PLAIN:
+        _PLAIN[key] = _plain_with_margins(engine, prompt_ids, num_tokens)
+    return _PLAIN[key]
+
+
+def _plain_with_margins(engine, prompt_ids, num_tokens):
     target = engine.target
     target.reset()
     target.prefill(prompt_ids[:-1])
@@ -136,8 +147,9 @@ def test_greedy_equivalence_real_pair_token_trees(tree_engine):
 
 
 def test_constrained_answers_of_the_schema_suite_validate(engine):
-    """Structured output on the real pair: plain and speculative (forced tokens, n-gram) answers to
-    three structured_schema prompts parse and validate against their schemas."""
+    """Structured output on the real pair: speculative (forced tokens, n-gram) answers to three
+    structured_schema prompts, and the plain answer to the first, parse and validate against their
+    schemas."""
     import json
 
     import jsonschema
@@ -145,11 +157,12 @@ def test_constrained_answers_of_the_schema_suite_validate(engine):
     from draftwise.bench.prompts import load_suite
     from draftwise.constraints import Constraint
 
-    for prompt in load_suite("structured_schema")[:3]:
+    plain = (SpeculationConfig(enabled=False), None)
+    speculative = (SpeculationConfig(policy="fixed", max_draft_tokens=8), ["ngram"])
+    for i, prompt in enumerate(load_suite("structured_schema")[:3]):
         sampling = SamplingParams(max_tokens=400, constraint=Constraint.json_schema(prompt.json_schema))
         messages = [{"role": "user", "content": prompt.turns[0]}]
-        for speculation, drafters in ((SpeculationConfig(enabled=False), None),
-                                      (SpeculationConfig(policy="fixed", max_draft_tokens=8), ["ngram"])):
+        for speculation, drafters in ((plain, speculative) if i == 0 else (speculative,)):
             result = engine.generate(messages=messages, sampling=sampling, speculation=speculation, drafters=drafters)
             assert result.finish_reason == "stop", result.text
             jsonschema.validate(json.loads(result.text), prompt.json_schema)
