@@ -55,20 +55,30 @@ def corpus(path: Path, max_chars: int) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def q6k_tensors(model: Path) -> list[str]:
-    from gguf import GGMLQuantizationType, GGUFReader
+def tensor_types(model: Path) -> dict[str, str]:
+    from gguf import GGUFReader
 
-    return [t.name for t in GGUFReader(str(model)).tensors if t.tensor_type == GGMLQuantizationType.Q6_K]
+    return {t.name: t.tensor_type.name for t in GGUFReader(str(model)).tensors}
 
 
-def build_variant(tool: str, src: Path, dst: Path, qtype: str, names: list[str]) -> None:
-    """src with only its Q6_K tensors converted to qtype (the others are copied: same type)."""
+def build_variant(tool: str, src: Path, dst: Path, qtype: str) -> None:
+    """src with only its Q6_K tensors converted to qtype. Every other quantised tensor is named
+    with its own type (the tool copies a tensor already of the type asked for); left to the
+    Q4_K_M mixture, the tool would turn twelve of the Q4_K tensors into Q6_K."""
     if dst.is_file():
         return
+    types = tensor_types(src)
     overrides = dst.with_suffix(".types.txt")
-    overrides.write_text("\n".join(f"^{re.escape(n)}$={qtype}" for n in names) + "\n")
-    subprocess.run([tool, "--allow-requantize", "--tensor-type-file", str(overrides), str(src), str(dst), "Q4_K_M"],
+    overrides.write_text("".join(f"^{re.escape(n)}$={qtype if t == 'Q6_K' else t.lower()}\n"
+                                 for n, t in types.items() if t not in ("F32", "F16", "BF16")))
+    partial = dst.with_suffix(".partial")
+    subprocess.run([tool, "--allow-requantize", "--tensor-type-file", str(overrides), str(src), str(partial), "Q4_K_M"],
                    check=True, capture_output=True, env=_env(tool))
+    got, want = tensor_types(partial), {n: (qtype.upper() if t == "Q6_K" else t) for n, t in types.items()}
+    wrong = {n: (want[n], got.get(n)) for n in want if got.get(n) != want[n]}
+    if wrong:
+        raise SystemExit(f"{dst.name}: tensor types not as asked: {dict(list(wrong.items())[:5])}")
+    partial.rename(dst)
 
 
 def _env(tool: str) -> dict:
@@ -226,11 +236,11 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     original = resolve(DEFAULT_TARGET)
-    names = q6k_tensors(original)
+    names = [n for n, t in tensor_types(original).items() if t == "Q6_K"]
     models = {"original": original}
     for qtype in args.types.split(","):
         dst = work / f"{DEFAULT_TARGET}-q6k-as-{qtype}.gguf"
-        build_variant(args.quantize, original, dst, qtype, names)
+        build_variant(args.quantize, original, dst, qtype)
         models[qtype] = dst
     text = work / "corpus.txt"
     corpus_sha = corpus(text, max_chars=4 * 512 * (args.chunks + 1))

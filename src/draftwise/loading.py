@@ -36,7 +36,7 @@ class LoadOptions:
     ngram_min: int = 2
     ngram_max: int = 4
     n_seq_max: int = 1  # llama.cpp sequences for token-tree verification (target only)
-    slots: int = 1  # requests decoded together (continuous batching; llama.cpp only); 0: auto
+    slots: int = 1  # requests decoded together (continuous batching); 0: the backend's default
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -83,13 +83,10 @@ def load_backend(spec: str, options: LoadOptions = LoadOptions(), progress=None)
 
         return LlamaCppBackend(path, n_ctx=options.n_ctx, n_threads=options.threads, name=name,
                                n_seq_max=options.n_seq_max, slots=options.slots)
-    if options.slots > 1:
-        raise ConfigError("parallel slots (continuous batching) need the llama.cpp backend; the transformers "
-                          "backend serves one request at a time (use --parallel 1)")
     from draftwise.backends.hf import HFBackend
 
     return HFBackend(path, dtype=options.dtype, device=options.device, n_ctx=options.n_ctx,
-                     n_threads=options.threads, name=name)
+                     n_threads=options.threads, name=name, slots=options.slots)
 
 
 def parse_drafters(spec: str | None) -> list[str]:

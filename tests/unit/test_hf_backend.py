@@ -266,6 +266,9 @@ def test_load_backend_from_model_directories(tmp_path, gguf_pair, target_model):
     assert bytes_only.tokenizer.decode(bytes_only.tokenizer.encode("naïve")) == "naïve"
     assert bytes_only.tokenizer.eos_token_ids == {EOS}
     assert backend.identity != bytes_only.identity
+    batched = load_backend(str(bare), LoadOptions(dtype="float64", n_ctx=256, slots=3))  # --parallel 3
+    assert batched.num_slots == 3 and batched.sequence(2).n_ctx == 256
+    assert load_backend(str(bare), LoadOptions(dtype="float64", slots=0)).num_slots == 1  # the default: one
 
 
 def test_options_are_validated():

@@ -3,6 +3,13 @@
 One sequence per backend in a transformers DynamicCache. `extend` runs one forward
 over the new tokens and returns logits for all of them; `truncate` crops the cache.
 torch and transformers are imported lazily: they are the optional `hf` extra.
+
+Loaded with slots, the backend holds one cache per sequence over the one model, and
+`extend_batch` runs several sequences in one padded forward: each sequence's past is
+left-padded to the longest, its new tokens right-padded to the most, with an attention
+mask over both pads and explicit positions; afterwards each sequence's new keys and
+values are appended to its own cache. The caches stay per request (a truncate touches
+one sequence only); the padded copy exists for the forward alone.
 """
 
 from __future__ import annotations
@@ -171,9 +178,13 @@ class HFBackend:
         n_ctx: int = 4096,
         n_threads: int | None = None,
         name: str | None = None,
+        slots: int = 1,
     ) -> None:
         torch = _torch()
         from transformers import AutoModelForCausalLM
+
+        if slots < 1:
+            raise ConfigError(f"slots must be >= 1, got {slots}")
 
         path = Path(model_path)
         if path.is_dir():
@@ -195,20 +206,23 @@ class HFBackend:
         tokenizer = _load_tokenizer(directory, gguf_file, model)
         stat = path.stat() if gguf_file else _dir_stat(path)
         identity = f"hf:{path.resolve()}:{stat[0]}:{stat[1]}:{dtype}:{torch_device}"
-        self._setup(model, tokenizer, n_ctx=n_ctx, name=name or path.name, identity=identity)
+        self._setup(model, tokenizer, n_ctx=n_ctx, name=name or path.name, identity=identity, slots=slots)
 
     @classmethod
-    def from_model(cls, model, tokenizer=None, *, name: str = "model", n_ctx: int = 4096) -> HFBackend:
+    def from_model(cls, model, tokenizer=None, *, name: str = "model", n_ctx: int = 4096, slots: int = 1) -> HFBackend:
         """Wrap a loaded model; tokenizer: a transformers tokenizer, a Tokenizer, or None (bytes)."""
         _torch()
+        if slots < 1:
+            raise ConfigError(f"slots must be >= 1, got {slots}")
         self = cls.__new__(cls)
         digest = hashlib.sha256(model.config.to_json_string().encode()).hexdigest()[:16]
         dtype = str(model.dtype).removeprefix("torch.")
         identity = f"hf:{name}:{digest}:{dtype}:{model.device}"
-        self._setup(model.eval(), _wrap_tokenizer(tokenizer, model), n_ctx=n_ctx, name=name, identity=identity)
+        self._setup(model.eval(), _wrap_tokenizer(tokenizer, model), n_ctx=n_ctx, name=name, identity=identity,
+                    slots=slots)
         return self
 
-    def _setup(self, model, tokenizer, *, n_ctx: int, name: str, identity: str) -> None:
+    def _setup(self, model, tokenizer, *, n_ctx: int, name: str, identity: str, slots: int = 1) -> None:
         torch = _torch()
         self._torch = torch
         self._model = model
@@ -230,11 +244,101 @@ class HFBackend:
         self.capabilities = Capabilities(exact=exact, device=str(self._device), dtype=dtype)
         self.n_threads = torch.get_num_threads() if self._device.type == "cpu" else 0
         self.num_forwards = 0
+        self.num_batches = 0  # extend_batch forwards over several sequences
+        self._owner = self
+        self._slots: list[HFBackend] = [self]
+        if slots > 1:
+            kinds = {type(layer).__name__ for layer in self._cache.layers}
+            if kinds != {"DynamicLayer"}:
+                raise ConfigError(f"parallel slots need a plain KV cache; {name} has {', '.join(sorted(kinds))} layers "
+                                  "(use --parallel 1)")
+            self._slots += [self._sequence_of_mine(i) for i in range(1, slots)]
+
+    def _sequence_of_mine(self, index: int) -> HFBackend:
+        """Another sequence over this model: a Backend with its own ids and cache."""
+        seq = HFBackend.__new__(HFBackend)
+        seq.__dict__.update(self.__dict__)
+        seq._ids, seq._cache = [], self._new_cache()
+        seq.name, seq._slots, seq._owner = f"{self.name}#{index}", [seq], self
+        return seq
 
     def _new_cache(self):
         from transformers import DynamicCache
 
         return DynamicCache(config=self._model.config)
+
+    # ---------------------------------------------------------------- sequences
+    @property
+    def num_slots(self) -> int:
+        return len(self._slots)
+
+    def sequence(self, slot: int) -> HFBackend:
+        return self._slots[slot]
+
+    def extend_batch(self, items: Sequence[tuple[HFBackend, Sequence[int], int]]) -> list[np.ndarray]:
+        """One padded forward over several sequences (see the module docstring)."""
+        for seq, _, _ in items:
+            if getattr(seq, "_owner", None) is not self:
+                raise BackendError(f"{getattr(seq, 'name', seq)!r} is not a sequence of {self.name}")
+        if len({id(seq) for seq, _, _ in items}) < len(items):
+            raise BackendError("a sequence appears twice in one batch")
+        live = [(i, seq, [int(t) for t in ids], n) for i, (seq, ids, n) in enumerate(items) if len(ids)]
+        out = [np.zeros((0, self._vocab_size), dtype=np.float32) for _ in items]
+        if len(live) < 2 or max(len(ids) for _, _, ids, _ in live) > MAX_BATCH:
+            for i, seq, ids, n in live:  # one sequence (or a long chunk): the plain path
+                out[i] = seq.extend(ids, n) if n else _prefilled(seq, ids, self._vocab_size)
+            return out
+        for _, seq, ids, n in live:
+            seq._check(ids)
+            if not 0 <= n <= len(ids):
+                raise BackendError(f"num_logits {n} outside 0..{len(ids)}")
+        for (i, _, _, n), rows in zip(live, self._forward_batch([(seq, ids, n) for _, seq, ids, n in live])):
+            out[i] = self._to_numpy(rows) if n else out[i]
+        return out
+
+    def _forward_batch(self, items: list[tuple[HFBackend, list[int], int]]) -> list:
+        torch = self._torch
+        past = [seq.num_cached for seq, _, _ in items]
+        new = [len(ids) for _, ids, _ in items]
+        P, N, B = max(past), max(new), len(items)
+        input_ids = torch.zeros((B, N), dtype=torch.long)
+        positions = torch.zeros((B, N), dtype=torch.long)
+        mask = torch.zeros((B, P + N), dtype=torch.long)
+        for b, (_, ids, _) in enumerate(items):
+            input_ids[b, : new[b]] = torch.tensor(ids)
+            positions[b] = torch.arange(past[b], past[b] + N)  # pads continue the count; they are masked
+            mask[b, P - past[b] : P + new[b]] = 1
+        cache = self._new_cache()
+        if P:
+            for layer in range(len(cache.layers)):
+                keys = [seq._cache.layers[layer].keys for seq, _, _ in items if seq.num_cached]
+                like = keys[0]
+                shape = (B, like.shape[1], P, like.shape[3])
+                k, v = like.new_zeros(shape), like.new_zeros(shape)
+                for b, (seq, _, _) in enumerate(items):
+                    if past[b]:
+                        k[b, :, P - past[b] :] = seq._cache.layers[layer].keys[0]
+                        v[b, :, P - past[b] :] = seq._cache.layers[layer].values[0]
+                cache.update(k, v, layer)
+        first = min((n_b - n for n_b, (_, _, n) in zip(new, items) if n), default=N - 1)
+        with torch.inference_mode():
+            result = self._model(input_ids=input_ids.to(self._device), attention_mask=mask.to(self._device),
+                                 position_ids=positions.to(self._device), use_cache=True,
+                                 logits_to_keep=N - first, **{self._cache_kw: cache})
+        self.num_forwards += 1
+        self.num_batches += 1
+        starts = [seq.num_cached for seq, _, _ in items]
+        try:
+            for b, (seq, ids, _) in enumerate(items):
+                for layer, batched in enumerate(cache.layers):
+                    seq._cache.update(batched.keys[b : b + 1, :, P : P + new[b]].clone(),
+                                      batched.values[b : b + 1, :, P : P + new[b]].clone(), layer)
+                seq._ids.extend(ids)
+        except BaseException:
+            for (seq, _, _), start in zip(items, starts):
+                seq._restore(start)
+            raise
+        return [result.logits[b, new[b] - n - first : new[b] - first] for b, (_, _, n) in enumerate(items)]
 
     # ---------------------------------------------------------------- properties
     @property
@@ -257,10 +361,7 @@ class HFBackend:
     def _forward(self, ids: Sequence[int], num_logits: int):
         """Append ids to the cache; logits [num_logits, V] for the last num_logits positions."""
         torch = self._torch
-        if len(self._ids) + len(ids) > self._n_ctx:
-            raise ContextOverflowError(f"{len(self._ids) + len(ids)} tokens exceed the context of {self._n_ctx}")
-        if min(ids) < 0 or max(ids) >= self._vocab_size:
-            raise BackendError(f"token id outside the vocabulary of {self._vocab_size}")
+        self._check(ids)
         start = len(self._ids)
         first_read = len(ids) - num_logits  # rows before it skip the vocabulary projection
         rows = []
@@ -283,6 +384,12 @@ class HFBackend:
         if not rows:
             return None
         return rows[0] if len(rows) == 1 else torch.cat(rows)
+
+    def _check(self, ids: Sequence[int]) -> None:
+        if len(self._ids) + len(ids) > self._n_ctx:
+            raise ContextOverflowError(f"{len(self._ids) + len(ids)} tokens exceed the context of {self._n_ctx}")
+        if min(ids) < 0 or max(ids) >= self._vocab_size:
+            raise BackendError(f"token id outside the vocabulary of {self._vocab_size}")
 
     def _to_numpy(self, logits) -> np.ndarray:
         # One device -> host copy per call: verification needs every row on the host.
@@ -332,6 +439,9 @@ class HFBackend:
         self._ids.clear()
 
     def close(self) -> None:
+        for seq in self._slots[1:]:
+            seq._ids.clear()
+            seq._cache = seq._model = None
         self._ids.clear()
         self._cache = None
         if getattr(self, "_model", None) is not None:
@@ -339,6 +449,11 @@ class HFBackend:
             self._model = None
             if on_cuda:
                 self._torch.cuda.empty_cache()
+
+
+def _prefilled(seq: HFBackend, ids: Sequence[int], vocab_size: int) -> np.ndarray:
+    seq.prefill(ids)
+    return np.zeros((0, vocab_size), dtype=np.float32)
 
 
 def _dir_stat(path: Path) -> tuple[int, int]:
