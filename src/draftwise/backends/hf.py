@@ -183,9 +183,6 @@ class HFBackend:
         torch = _torch()
         from transformers import AutoModelForCausalLM
 
-        if slots < 1:
-            raise ConfigError(f"slots must be >= 1, got {slots}")
-
         path = Path(model_path)
         if path.is_dir():
             directory, gguf_file = path, None
@@ -212,8 +209,6 @@ class HFBackend:
     def from_model(cls, model, tokenizer=None, *, name: str = "model", n_ctx: int = 4096, slots: int = 1) -> HFBackend:
         """Wrap a loaded model; tokenizer: a transformers tokenizer, a Tokenizer, or None (bytes)."""
         _torch()
-        if slots < 1:
-            raise ConfigError(f"slots must be >= 1, got {slots}")
         self = cls.__new__(cls)
         digest = hashlib.sha256(model.config.to_json_string().encode()).hexdigest()[:16]
         dtype = str(model.dtype).removeprefix("torch.")
@@ -223,6 +218,8 @@ class HFBackend:
         return self
 
     def _setup(self, model, tokenizer, *, n_ctx: int, name: str, identity: str, slots: int = 1) -> None:
+        if slots < 1:
+            raise ConfigError(f"slots must be >= 1, got {slots}")
         torch = _torch()
         self._torch = torch
         self._model = model
@@ -286,7 +283,10 @@ class HFBackend:
         out = [np.zeros((0, self._vocab_size), dtype=np.float32) for _ in items]
         if len(live) < 2 or max(len(ids) for _, _, ids, _ in live) > MAX_BATCH:
             for i, seq, ids, n in live:  # one sequence (or a long chunk): the plain path
-                out[i] = seq.extend(ids, n) if n else _prefilled(seq, ids, self._vocab_size)
+                if n:
+                    out[i] = seq.extend(ids, n)
+                else:
+                    seq.prefill(ids)
             return out
         for _, seq, ids, n in live:
             seq._check(ids)
@@ -311,8 +311,7 @@ class HFBackend:
         cache = self._new_cache()
         if P:
             for layer in range(len(cache.layers)):
-                keys = [seq._cache.layers[layer].keys for seq, _, _ in items if seq.num_cached]
-                like = keys[0]
+                like = next(seq._cache.layers[layer].keys for seq, _, _ in items if seq.num_cached)
                 shape = (B, like.shape[1], P, like.shape[3])
                 k, v = like.new_zeros(shape), like.new_zeros(shape)
                 for b, (seq, _, _) in enumerate(items):
@@ -327,7 +326,6 @@ class HFBackend:
                                  logits_to_keep=N - first, **{self._cache_kw: cache})
         self.num_forwards += 1
         self.num_batches += 1
-        starts = [seq.num_cached for seq, _, _ in items]
         try:
             for b, (seq, ids, _) in enumerate(items):
                 for layer, batched in enumerate(cache.layers):
@@ -335,7 +333,7 @@ class HFBackend:
                                       batched.values[b : b + 1, :, P : P + new[b]].clone(), layer)
                 seq._ids.extend(ids)
         except BaseException:
-            for (seq, _, _), start in zip(items, starts):
+            for (seq, _, _), start in zip(items, past):
                 seq._restore(start)
             raise
         return [result.logits[b, new[b] - n - first : new[b] - first] for b, (_, _, n) in enumerate(items)]
@@ -449,11 +447,6 @@ class HFBackend:
             self._model = None
             if on_cuda:
                 self._torch.cuda.empty_cache()
-
-
-def _prefilled(seq: HFBackend, ids: Sequence[int], vocab_size: int) -> np.ndarray:
-    seq.prefill(ids)
-    return np.zeros((0, vocab_size), dtype=np.float32)
 
 
 def _dir_stat(path: Path) -> tuple[int, int]:
