@@ -304,6 +304,33 @@ def test_the_server_answers_from_a_transformers_target(gguf_pair):
     assert response.json()["choices"][0]["message"]["content"] == expected.text
 
 
+def test_the_server_batches_concurrent_streams_on_a_transformers_target(gguf_pair):
+    """`serve --backend hf --parallel 2`: three concurrent streams through two slots, each
+    exactly its single-request answer, with padded forwards shared between them."""
+    pytest.importorskip("fastapi")
+    import asyncio
+
+    import httpx
+
+    from tests.server.conftest import MODEL, LiveServer
+    from tests.server.test_parallel import stream_text
+
+    single = Engine(HFBackend(gguf_pair[0], dtype="float64"), [NgramDrafter(1, 3)])
+    engine = Engine(HFBackend(gguf_pair[0], dtype="float64", slots=2), [NgramDrafter(1, 3)])
+    prompts = ["the cat, the cat", "the the the", "cat, cat, the cat, the"]
+    body = {"model": MODEL, "max_tokens": 16, "temperature": 0, "ignore_eos": True}
+    with LiveServer(engine) as live:
+        async def scenario():
+            async with httpx.AsyncClient(timeout=60) as client:
+                return await asyncio.gather(*(stream_text(client, live.url, {**body, "prompt": p}) for p in prompts))
+
+        answers = asyncio.run(scenario())
+    for prompt, (text, usage) in zip(prompts, answers):
+        expected = single.generate(prompt, sampling=SamplingParams(max_tokens=16, ignore_eos=True))
+        assert text == expected.text and usage["completion_tokens"] == 16
+    assert engine.target.num_batches > 0
+
+
 @pytest.mark.parametrize("drafter", ["draft", "ngram"])
 def test_constrained_greedy_on_transformers(gguf_pair, drafter):
     """Structured output through the transformers backend and its tokenizer's llguidance adapter."""
