@@ -48,9 +48,13 @@ def test_one_padded_forward_equals_each_sequence_alone(target_model):
     for seq, ids in zip(seqs, contexts):
         if ids:
             seq.prefill(ids)
-    for step in range(3):  # different past lengths, row counts and logit counts, a prefill-only item
-        new = [list(rng.integers(0, VOCAB, size=n)) for n in ((5, 1, 7, 2), (1, 6, 1, 3), (4, 4, 1, 1))[step]]
-        wanted = [(5, 1, 0, 2), (1, 6, 1, 0), (4, 2, 1, 1)][step]
+    # different past lengths, row counts and logit counts, a prefill-only item; last, a prompt
+    # chunk that would pad the others by 3 x 79 rows, so it runs in a forward of its own
+    sizes = ((5, 1, 7, 2), (1, 6, 1, 3), (4, 4, 1, 1), (80, 1, 1, 2))
+    logits = ((5, 1, 0, 2), (1, 6, 1, 0), (4, 2, 1, 1), (0, 1, 1, 2))
+    for step, (sizes_now, wanted) in enumerate(zip(sizes, logits)):
+        new = [list(rng.integers(0, VOCAB, size=n)) for n in sizes_now]
+        forwards = backend.num_forwards
         out = backend.extend_batch([(seq, ids, n) for seq, ids, n in zip(seqs, new, wanted)])
         for i, (seq, ids, n) in enumerate(zip(seqs, new, wanted)):
             contexts[i] = contexts[i] + ids
@@ -58,7 +62,8 @@ def test_one_padded_forward_equals_each_sequence_alone(target_model):
             if n:
                 np.testing.assert_allclose(out[i], reference(target_model, contexts[i])[-n:], atol=1e-10)
             assert seq.cached_ids == contexts[i]
-    assert backend.num_batches == 3
+        assert backend.num_forwards - forwards == (2 if step == 3 else 1)
+    assert backend.num_batches == 4
     # each cache is its own: truncating one leaves the others, and each continues exactly
     seqs[1].truncate(4)
     contexts[1] = contexts[1][:4]
