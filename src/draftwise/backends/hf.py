@@ -279,7 +279,8 @@ class HFBackend:
         return self._slots[slot]
 
     def extend_batch(self, items: Sequence[tuple[HFBackend, Sequence[int], int]]) -> list[np.ndarray]:
-        """One padded forward over several sequences (see the module docstring)."""
+        """Several sequences in one padded forward; an item far longer than the rest, or over
+        MAX_BATCH, runs in a forward of its own (see the module docstring)."""
         for seq, _, _ in items:
             if getattr(seq, "_owner", None) is not self:
                 raise BackendError(f"{getattr(seq, 'name', seq)!r} is not a sequence of {self.name}")
@@ -307,7 +308,8 @@ class HFBackend:
                 seq.prefill(ids)
         if group:
             for (i, _, _, n), rows in zip(group, self._forward_batch([(seq, ids, n) for _, seq, ids, n in group])):
-                out[i] = self._to_numpy(rows) if n else out[i]
+                if n:
+                    out[i] = self._to_numpy(rows)
         return out
 
     def _forward_batch(self, items: list[tuple[HFBackend, list[int], int]]) -> list:
