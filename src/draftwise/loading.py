@@ -128,7 +128,7 @@ def draft_model_verdict(target: Backend, draft: Backend, speculation: Speculatio
     accepted), which is the figure to compare with a host where it pays.
     """
     from draftwise.calibrate import load_or_measure
-    from draftwise.policy_auto import DRAFT_MODEL_PRIOR, MAX_K, MIN_GAIN, draft_speedup
+    from draftwise.policy.auto import DRAFT_MODEL_PRIOR, MAX_K, MIN_GAIN, draft_speedup
 
     if speculation is not None and speculation.policy != "auto":
         return ""

@@ -12,7 +12,8 @@ from draftwise.drafters.prediction import PredictionDrafter
 from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.engine import Engine
 from draftwise.policy import PlanState
-from draftwise.policy_auto import AutoPolicy, TargetTime, plan_batch
+from draftwise.policy.auto import AutoPolicy, plan_batch
+from draftwise.policy.cost import TargetTime
 from draftwise.types import ConfigError, SamplingParams, SpeculationConfig
 
 VOCAB = 24

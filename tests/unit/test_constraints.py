@@ -17,7 +17,7 @@ from draftwise.constraints import Constraint, ConstraintError, compile_constrain
 from draftwise.drafters import ModelDrafter, NgramDrafter
 from draftwise.drafters.grammar import GrammarDrafter
 from draftwise.engine import Engine
-from draftwise.policy_auto import AutoPolicy
+from draftwise.policy.auto import AutoPolicy
 from draftwise.types import ConfigError, SamplingParams, SpeculationConfig
 
 VOCAB = 90  # the whole toy alphabet: letters, digits, JSON punctuation

@@ -9,7 +9,7 @@ from draftwise.backends.toy import ToyBackend, ToyModel
 from draftwise.calibrate import CostCurve
 from draftwise.drafters import ModelDrafter, NgramDrafter
 from draftwise.engine import Engine
-from draftwise.policy_auto import AutoPolicy
+from draftwise.policy.auto import AutoPolicy
 from draftwise.types import SamplingParams, SpeculationConfig
 
 TARGET = ToyModel(vocab_size=24, order=2, seed=1, sharpness=3.0)

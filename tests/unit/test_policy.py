@@ -8,7 +8,8 @@ from draftwise.backends.toy import ToyBackend, ToyModel
 from draftwise.calibrate import CostCurve, cache_file, load_or_measure
 from draftwise.drafters import ModelDrafter, NgramDrafter
 from draftwise.policy import HeuristicPolicy, PlanState
-from draftwise.policy_auto import COPY_PRIORS, AcceptanceEstimate, AutoPolicy, CopyEstimate, copy_bucket
+from draftwise.policy.auto import AutoPolicy
+from draftwise.policy.estimates import COPY_PRIORS, AcceptanceEstimate, CopyEstimate, copy_bucket
 from draftwise.types import SpeculationConfig, StepStats
 
 
@@ -293,7 +294,7 @@ def test_a_copy_that_resumes_after_an_edit_is_drafted_long_at_once():
 
 
 def test_draft_speedup_from_the_cost_curves():
-    from draftwise.policy_auto import draft_speedup
+    from draftwise.policy.auto import draft_speedup
 
     cpu_target = CostCurve(tuple((n, 30.0 * (1 + 0.6 * (n - 1))) for n in range(1, 34)))
     best, _ = draft_speedup(cpu_target, CostCurve.linear(21.0, 21.0))

@@ -99,7 +99,7 @@ def plain(engine, prompt, n=60):
 @pytest.mark.parametrize("k", [1, 4, 16])
 def test_greedy_output_is_the_same_with_any_prediction(policy, k):
     from draftwise.calibrate import CostCurve
-    from draftwise.policy_auto import AutoPolicy
+    from draftwise.policy.auto import AutoPolicy
 
     auto = AutoPolicy(target_cost=CostCurve.linear(10.0, 1.0)) if policy == "auto" else None
     engine = Engine(ToyBackend(TARGET), [PredictionDrafter(), NgramDrafter(1, 3)], policy=auto)

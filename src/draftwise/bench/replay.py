@@ -36,7 +36,7 @@ from draftwise.bench.prompts import Prompt
 from draftwise.calibrate import CostCurve
 from draftwise.drafters.base import Drafter
 from draftwise.policy import PlanState
-from draftwise.policy_auto import LOOKUP_SHARE, MAX_K, AutoPolicy
+from draftwise.policy.auto import LOOKUP_SHARE, MAX_K, AutoPolicy
 from draftwise.types import ConfigError, SamplingParams, SpeculationConfig, StepStats
 
 

@@ -1,45 +1,15 @@
-"""Policies decide, each step, which drafter proposes and how many tokens (k = 0: none).
-
-`fixed` always drafts max_draft_tokens with the first drafter; `heuristic` moves k by
-the last step's acceptance (x1.2 above 0.9, x0.8 below 0.7, within [k_min, k_max]);
-`auto` (policy_auto.py) maximises expected tokens per second from measured costs.
+"""The two simple policies: `fixed` (always k = max_draft_tokens with the first drafter) and
+`heuristic` (k moved by the last step's acceptance: x1.2 above 0.9, x0.8 below 0.7, within
+[k_min, k_max]). Neither knows what a step costs; `auto` (auto.py) does.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, Sequence
+from collections.abc import Sequence
 
 from draftwise.drafters.base import Drafter
-from draftwise.types import Draft, SpeculationConfig, StepStats, TreeDraft
-
-if TYPE_CHECKING:
-    from draftwise.constraints import Grammar
-
-
-@dataclass(frozen=True)
-class PlanState:
-    context: Sequence[int]  # committed tokens (prompt + generated)
-    max_k: int  # the most draft tokens that fit (context window, max_tokens)
-    greedy: bool = True  # token trees are verified greedily only
-    grammar: Grammar | None = None  # the request's constraint at `context` (structured output)
-    num_forced: int = 0  # grammar-forced tokens at the end of context, fed in this step's forward
-
-
-@dataclass(frozen=True)
-class Plan:
-    drafter: Drafter | None
-    k: int
-    draft: Draft | TreeDraft | None = None  # a proposal the policy already obtained while planning
-
-
-class Policy(Protocol):
-    name: str
-
-    def begin(self, drafters: Sequence[Drafter], speculation: SpeculationConfig) -> None: ...
-    def plan(self, state: PlanState) -> Plan: ...
-    def observe(self, step: StepStats) -> None: ...
-    def snapshot(self) -> dict: ...
+from draftwise.policy.base import Plan, PlanState
+from draftwise.types import SpeculationConfig, StepStats
 
 
 class FixedPolicy:
@@ -107,15 +77,3 @@ class HeuristicPolicy:
 
     def snapshot(self) -> dict:
         return {"policy": self.name, "k": self._k}
-
-
-def make_policy(name: str, **kwargs) -> Policy:
-    if name == "fixed":
-        return FixedPolicy()
-    if name == "heuristic":
-        return HeuristicPolicy(**kwargs)
-    if name == "auto":
-        from draftwise.policy_auto import AutoPolicy
-
-        return AutoPolicy(**kwargs)
-    raise ValueError(f"unknown policy {name!r}; choose fixed, heuristic or auto")

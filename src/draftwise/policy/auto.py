@@ -10,27 +10,25 @@ with the tokens the target commits next (shadow scoring), so a drafter's estimat
 the text even while the policy decodes plainly, and covers positions beyond the k it
 drafted. For a deterministic proposal this is exact under sampling too: the target accepts
 token x with probability p(x), the chance that the committed token is x.
+
+The estimates c_i are estimates.py's, the target's time cost.py's; plan_batch (at the end)
+plans one forward shared by several requests, and a request alone is the batch of one.
 """
 
 from __future__ import annotations
 
-import bisect
 import time
-from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from draftwise.backends.base import common_prefix_length
 from draftwise.calibrate import CostCurve, load_or_measure
 from draftwise.drafters.base import Drafter
-from draftwise.policy import Plan, PlanState
-from draftwise.types import SpeculationConfig, StepStats
+from draftwise.policy.base import Plan, PlanState
+from draftwise.policy.cost import MAX_K, Scale, TargetTime
+from draftwise.policy.estimates import AcceptanceEstimate, CopyEstimate, expected_tokens
+from draftwise.types import Draft, SpeculationConfig, StepStats
 
-# The longest draft planned. Measured here (default target, 1,000 tokens of context, ms for n
-# rows with all logits): 32 rows 454-465 (4.4-4.7 plain steps' worth of tokens per plain
-# step's time), 64 rows 866-884 (4.7-4.9), 96 rows 1,236-1,277 (5.0), 128 rows 1,626-1,772
-# (4.7-5.3): past 64 a fully accepted draft gains at most a few percent more, while a miss
-# costs 25 plain steps (2026-12-01).
-MAX_K = 64
 # Speculate only when the expected rate beats plain decoding by this factor: estimates are
 # noisy and a marginal win is not worth the risk of a loss (nor the numerics drift).
 MIN_GAIN = 1.05
@@ -38,49 +36,10 @@ MIN_GAIN = 1.05
 # was not taken, is consulted less often: every 2nd, 4th, ... up to MAX_BACKOFF-th step.
 LOOKUP_SHARE = 0.01
 MAX_BACKOFF = 8
-# A lookup copies: its proposal continues an earlier occurrence of the text just written (the
-# file being edited, the prediction, an earlier turn). Whether its next token is right depends
-# on how long the copy has held, so its estimate is a hazard by match length (CopyEstimate):
-# c(L) = P(right | the L tokens before it matched the source), L = the proposal's backward match
-# length + its position in the draft. Prior c(L) by bucket of L:
-COPY_BUCKETS = (1, 2, 3, 4, 5, 8, 16, 32, 64, 128)
-COPY_PRIORS = (0.25, 0.35, 0.45, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.97)
+# The prior acceptance of a draft model's token, until its own are observed.
 DRAFT_MODEL_PRIOR = 0.7
-# Continuations of a short match (backward match length below COPY_SPLIT) and of a long one
-# are learned apart: JSON keys and boilerplate give short matches that diverge soon after, an
-# unchanged stretch of a file being edited long ones that do not.
-COPY_SPLIT = 8
-# ESTIMATE_KEYS: a free drafter's estimate is keyed by its name and proposal kind only,
-# whatever the other lookups propose. Keying it also by agreement with the other lookups
-# (tried 2026-11-30) split it into slowly learned parts: replayed on the full suite, the
-# three-lookup set lost 1 point of speedup overall and 3 on summarization, and fell below its
-# best member; without it, it equals it. Keying it by the match length's bucket, with c per
-# draft position (as a draft model's), was the rule before 2026-12-01: it learned each bucket
-# apart and a new copy climbed the buckets a few tokens per step, so on whole-file edits it
-# drafted at most 15 tokens where the hindsight optimum drafts 47-64 (`draftwise replay
-# --oracle`).
-
-# Smoothing of the observed/calibrated target time: machine load (all steps), and the
-# per-batch-size correction of the calibrated curve. Replaying the suite's answers under
-# 15% per-step timing noise (`draftwise replay --noise 0.15`), a per-size scale
-# with alpha 0.3 lost 2 points of speedup to noisy choices against the noise-free replay;
-# this split lost 1 (measured runs here, whose noise is not per-step, did not change).
-LOAD_ALPHA = 0.1
-SHAPE_ALPHA = 0.03
 # Proposals awaiting the committed tokens that score them (shadow scoring), at most.
 MAX_SHADOWS = 64
-
-
-def expected_tokens(rates: Iterable[float]) -> list[float]:
-    """[E(0), E(1), ..., E(k)] for conditional acceptances c_1..c_k of a draft's tokens: E(j) =
-    1 + sum over i <= j of c_1 ... c_i (the target's own token always counts).
-    Example: [0.5, 0.5] -> [1.0, 1.5, 1.75]."""
-    out, survive, total = [1.0], 1.0, 1.0
-    for c in rates:
-        survive *= c
-        total += survive
-        out.append(total)
-    return out
 
 
 def draft_speedup(target_cost: CostCurve, draft_cost: CostCurve, acceptance: float = 1.0,
@@ -101,111 +60,6 @@ def draft_speedup(target_cost: CostCurve, draft_cost: CostCurve, acceptance: flo
     return best, best_k
 
 
-def copy_bucket(match_length: float) -> int:
-    """Index of the bucket for a match length. Example: 6 -> 4 (the 5..7 bucket)."""
-    return max(0, bisect.bisect_right(COPY_BUCKETS, match_length) - 1)
-
-
-@dataclass
-class AcceptanceEstimate:
-    """Smoothed c_i = P(draft token i accepted | tokens before it accepted), per position.
-
-    Only positions the verifier actually judged are observed: after the first rejection
-    later positions say nothing. Old observations decay so the estimate follows the text.
-    """
-
-    prior: float
-    prior_weight: float = 3.0
-    decay: float = 0.9
-    hits: list[float] = field(default_factory=list)
-    trials: list[float] = field(default_factory=list)
-
-    def rate(self, i: int) -> float:
-        if i < len(self.trials):
-            return (self.hits[i] + self.prior * self.prior_weight) / (self.trials[i] + self.prior_weight)
-        if self.trials:
-            # NOTE: positions never drafted yet borrow the last observed rate rather than the
-            # prior; otherwise k could never grow past the positions it has already tried.
-            return self.rate(len(self.trials) - 1)
-        return self.prior
-
-    def update(self, num_drafted: int, num_accepted: int) -> None:
-        for i in range(min(num_drafted, num_accepted + 1)):
-            while len(self.trials) <= i:
-                self.trials.append(0.0)
-                self.hits.append(0.0)
-            self.trials[i] = self.trials[i] * self.decay + 1.0
-            self.hits[i] = self.hits[i] * self.decay + float(i < num_accepted)
-
-    def expected_tokens(self, k: int) -> list[float]:
-        """[E(0), E(1), ..., E(k)]: expected committed tokens when drafting j tokens."""
-        return expected_tokens(self.rate(i) for i in range(k))
-
-    def summary(self, n: int = 8) -> list[float]:
-        return [round(self.rate(i), 3) for i in range(n)]
-
-
-class CopyEstimate:
-    """c(L) = P(a lookup's token is right | the L tokens before it matched its source), smoothed
-    per bucket of L (COPY_BUCKETS). A proposal with backward match length L drafts its token j
-    at length L + j, so one accepted 40-token draft teaches c at L..L+40, and a new copy (short
-    match) is drafted further as soon as its match grows. A proposal's first token has a table of
-    its own: a fresh match is wrong where the text diverges from its source right after a
-    repeated part (a JSON key and its value), while a continuation has already survived; and
-    continuations of short and long matches have one each (COPY_SPLIT). Each update first
-    decays the buckets it touches once, so the estimate follows the text by steps, not tokens.
-
-    Example: after many fully accepted drafts at L >= 32, c(40) is near 1 and E(31) is near 32,
-    while c(3) keeps its prior until short matches are tried.
-    """
-
-    def __init__(self, priors: Sequence[float] | None = None, prior_weight: float = 3.0, decay: float = 0.9) -> None:
-        # Three tables of COPY_BUCKETS each: first tokens, continuations of short, of long matches.
-        self.priors = tuple(COPY_PRIORS if priors is None else priors) * 3
-        self.prior_weight, self.decay = prior_weight, decay
-        self.hits = [0.0] * len(self.priors)
-        self.trials = [0.0] * len(self.priors)
-        self._rates: list[float] | None = None
-
-    def _index(self, length: float, j: int) -> int:
-        nb = len(self.priors) // 3
-        return copy_bucket(length + j) + (0 if not j else nb if length < COPY_SPLIT else 2 * nb)
-
-    def rates(self) -> list[float]:
-        """c per bucket of every table: its observations shrunk towards its prior. (A prior of at
-        least the next shorter bucket's rate, tried 2026-12-01, lost half a point of replayed
-        speedup on the full suite and on whole-file edits.)"""
-        if self._rates is None:
-            w = self.prior_weight
-            self._rates = [(h + p * w) / (t + w) for h, t, p in zip(self.hits, self.trials, self.priors)]
-        return self._rates
-
-    def rate(self, length: float, j: int = 0) -> float:
-        """c for draft token j of a proposal with backward match length `length`."""
-        return self.rates()[self._index(length, j)]
-
-    def update(self, length: float, num_drafted: int, num_accepted: int) -> None:
-        judged = [self._index(length, j) for j in range(min(num_drafted, num_accepted + 1))]
-        for i in set(judged):
-            self.trials[i] *= self.decay
-            self.hits[i] *= self.decay
-        for j, i in enumerate(judged):
-            self.trials[i] += 1.0
-            self.hits[i] += float(j < num_accepted)
-        self._rates = None
-
-    def expected_tokens(self, length: float, k: int) -> list[float]:
-        """[E(0), ..., E(k)] for a proposal whose backward match length is `length`."""
-        rates = self.rates()
-        return expected_tokens(rates[self._index(length, j)] for j in range(k))
-
-    def summary(self) -> dict[str, list[float]]:
-        """c by bucket of L for first tokens and for continuations of short and of long matches."""
-        nb = len(COPY_BUCKETS)
-        rate = [round(r, 3) for r in self.rates()]
-        return {"first": rate[:nb], "continued_short": rate[nb : 2 * nb], "continued_long": rate[2 * nb :]}
-
-
 @dataclass(frozen=True)
 class _Shadow:
     """A free drafter's proposal made when the context had `start` tokens."""
@@ -214,61 +68,6 @@ class _Shadow:
     length: float  # the proposal's backward match length
     start: int
     token_ids: tuple[int, ...]
-
-
-class _Scale:
-    """Smoothed ratio of observed time to the calibrated (unscaled) prediction."""
-
-    def __init__(self, alpha: float = 0.1, value: float = 1.0) -> None:
-        self.value, self.alpha = value, alpha
-
-    def update(self, observed: float, calibrated: float) -> None:
-        if calibrated > 0 and observed > 0:
-            ratio = min(max(observed / calibrated, 0.2), 5.0)
-            self.value += self.alpha * (ratio - self.value)
-
-
-class TargetTime:
-    """The target's forward time over n rows: calibrated curve x load x shape(n).
-
-    The load (the shared machine speeding up or slowing down) moves fast; shape(n), how far
-    the calibration is off for one batch size relative to a plain step (shape(1) = 1), is a
-    property of the model and moves slowly, so a few noisy verifications cannot swing the
-    choice of k. One per engine: every request's policy reads and feeds the same one, and a
-    batched forward over several requests' rows is observed once, at its total rows. Rows, not
-    sequences, set the cost on llama.cpp here (default target, 300 cached tokens per sequence):
-    8 rows 199 / 197 / 201 ms as 1 x 8, 4 x 2 and 5 + 1 + 1 + 1; 16 rows 260 / 246 / 240 ms;
-    32 rows 433 / 413 ms as 1 x 32 and 4 x 8 (2026-12-01).
-    """
-
-    def __init__(self, target=None, curve: CostCurve | None = None, *, max_n: int = MAX_K + 1) -> None:
-        if curve is None and target is None:
-            raise ValueError("the auto policy needs a target cost curve or a target backend to calibrate")
-        self.target, self._curve, self.max_n = target, curve, max_n
-        self.load = _Scale(alpha=LOAD_ALPHA)
-        self.shapes: dict[int, _Scale] = {}
-
-    @property
-    def curve(self) -> CostCurve:
-        if self._curve is None:
-            self._curve = load_or_measure(self.target, max_n=self.max_n)
-        return self._curve
-
-    def shape(self, n: int) -> float:
-        shape = self.shapes.get(n)
-        return shape.value if shape is not None else 1.0
-
-    def ms(self, n: int) -> float:
-        """Calibrated cost, corrected by the observed load and (once seen) this size's shape."""
-        return self.curve.ms(n) * self.load.value * self.shape(n)
-
-    def observe(self, n: int, ms: float) -> None:
-        """A forward over n rows took ms."""
-        calibrated = self.curve.ms(n)
-        self.load.update(ms, calibrated * self.shape(n))
-        if n > 1:  # shapes are relative to a plain step, which defines the load
-            shape = self.shapes.setdefault(n, _Scale(alpha=SHAPE_ALPHA))
-            shape.update(ms, calibrated * self.load.value)
 
 
 @dataclass
@@ -288,7 +87,7 @@ class _Option:
 
 @dataclass
 class _Menu:
-    policy: "AutoPolicy"
+    policy: AutoPolicy
     num_forced: int
     options: list[_Option]
     consulted: list[Drafter]
@@ -312,7 +111,7 @@ class AutoPolicy:
         self._drafters: list[Drafter] = []
         self._estimates: dict[str, AcceptanceEstimate] = {}  # draft models'
         self._copies: dict[str, CopyEstimate] = {}  # free drafters', by name and proposal kind
-        self._draft_scale: dict[str, _Scale] = {}
+        self._draft_scale: dict[str, Scale] = {}
         # (estimate key the verdict updates, calibrated draft ms): a key only for a model
         # drafter; free drafters' estimates are updated by shadow scoring instead.
         self._last: tuple[str | None, float] | None = None
@@ -332,7 +131,7 @@ class AutoPolicy:
         self._shadows.clear()  # a new request: earlier proposals refer to another context
         if self.time is None:
             raise ValueError("the auto policy needs a target cost curve or a target backend to calibrate")
-        self.time.curve  # calibrate now (once per model and machine), not inside a step
+        _ = self.time.curve  # calibrate now (once per model and machine), not inside a step
         for d in self._drafters:
             backend = getattr(d, "backend", None)
             if backend is not None and d.name not in self.draft_costs:
@@ -400,7 +199,7 @@ class AutoPolicy:
                 continue
             # A drafter with several sources (suffix: live context, history) gets an estimate
             # per source: a history match of the same length is right less often. (It does not
-            # depend on what the other lookups propose: see ESTIMATE_KEYS.)
+            # depend on what the other lookups propose: see ESTIMATE_KEYS in estimates.py.)
             key = f"{drafter.name}:{draft.kind}" if draft.kind else drafter.name
             est = self._copy(key)
             self._shadows.append(_Shadow(key, draft.score, len(state.context), tuple(draft.token_ids)))
@@ -410,7 +209,7 @@ class AutoPolicy:
                 continue
             key = drafter.name
             cost = self.draft_costs[drafter.name]
-            scale = self._draft_scale.setdefault(drafter.name, _Scale()).value
+            scale = self._draft_scale.setdefault(drafter.name, Scale()).value
             backend = getattr(drafter, "backend", None)
             missing = max(1, len(state.context) - (backend.num_cached if backend is not None else 0))
             options.append(_Option(drafter, self._estimate(key, DRAFT_MODEL_PRIOR).expected_tokens(k_cap),
@@ -421,7 +220,10 @@ class AutoPolicy:
     def conclude(self, menu: _Menu, option: _Option | None, k: int, rows: int, rate: float) -> Plan:
         """Settle this request's choice (option, k) in a forward of `rows` rows in all."""
         plain_ms = self._target_ms(1)
-        best = Plan(None, 0) if option is None or k == 0 else Plan(option.drafter, k, option.draft and option.draft.truncated(k))
+        if option is None or k == 0:
+            best = Plan(None, 0)
+        else:
+            best = Plan(option.drafter, k, option.draft and option.draft.truncated(k))
         drafter = best.drafter
         if drafter is not None and not drafter.free and hasattr(drafter, "min_confidence"):
             # Stop drafting when the draft's own confidence is below what one more
@@ -436,7 +238,8 @@ class AutoPolicy:
                 self._backoff[name] = min(MAX_BACKOFF, max(1, 2 * self._backoff.get(name, 0)))
                 self._skip[name] = self._backoff[name] - 1
         scale = self._draft_scale.get(drafter.name) if drafter is not None else None
-        self._last = (option.key, option.draft_ms(k) / scale.value) if option is not None and option.key and k else (None, 0.0)
+        drafted = option is not None and option.key and k
+        self._last = (option.key, option.draft_ms(k) / scale.value) if drafted else (None, 0.0)
         self.last_decision = {"drafter": drafter.name if drafter else "none", "k": best.k,
                               "expected_tokens_per_s": 1000 * rate}
         return best

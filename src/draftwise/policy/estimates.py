@@ -1,0 +1,149 @@
+"""Acceptance estimates the auto policy plans with: per draft position for a draft model
+(AcceptanceEstimate), by match length for a lookup that copies earlier text (CopyEstimate),
+and E(k), the expected committed tokens of a k-token draft, from either.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+# A lookup copies: its proposal continues an earlier occurrence of the text just written (the
+# file being edited, the prediction, an earlier turn). Whether its next token is right depends
+# on how long the copy has held, so its estimate is a hazard by match length (CopyEstimate):
+# c(L) = P(right | the L tokens before it matched the source), L = the proposal's backward match
+# length + its position in the draft. Prior c(L) by bucket of L:
+COPY_BUCKETS = (1, 2, 3, 4, 5, 8, 16, 32, 64, 128)
+COPY_PRIORS = (0.25, 0.35, 0.45, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.97)
+# Continuations of a short match (backward match length below COPY_SPLIT) and of a long one
+# are learned apart: JSON keys and boilerplate give short matches that diverge soon after, an
+# unchanged stretch of a file being edited long ones that do not.
+COPY_SPLIT = 8
+# ESTIMATE_KEYS: a free drafter's estimate is keyed by its name and proposal kind only,
+# whatever the other lookups propose. Keying it also by agreement with the other lookups
+# (tried 2026-11-30) split it into slowly learned parts: replayed on the full suite, the
+# three-lookup set lost 1 point of speedup overall and 3 on summarization, and fell below its
+# best member; without it, it equals it. Keying it by the match length's bucket, with c per
+# draft position (as a draft model's), was the rule before 2026-12-01: it learned each bucket
+# apart and a new copy climbed the buckets a few tokens per step, so on whole-file edits it
+# drafted at most 15 tokens where the hindsight optimum drafts 47-64 (`draftwise replay
+# --oracle`).
+
+
+def expected_tokens(rates: Iterable[float]) -> list[float]:
+    """[E(0), E(1), ..., E(k)] for conditional acceptances c_1..c_k of a draft's tokens: E(j) =
+    1 + sum over i <= j of c_1 ... c_i (the target's own token always counts).
+    Example: [0.5, 0.5] -> [1.0, 1.5, 1.75]."""
+    out, survive, total = [1.0], 1.0, 1.0
+    for c in rates:
+        survive *= c
+        total += survive
+        out.append(total)
+    return out
+
+
+def copy_bucket(match_length: float) -> int:
+    """Index of the bucket for a match length. Example: 6 -> 4 (the 5..7 bucket)."""
+    return max(0, bisect.bisect_right(COPY_BUCKETS, match_length) - 1)
+
+
+@dataclass
+class AcceptanceEstimate:
+    """Smoothed c_i = P(draft token i accepted | tokens before it accepted), per position.
+
+    Only positions the verifier actually judged are observed: after the first rejection
+    later positions say nothing. Old observations decay so the estimate follows the text.
+    """
+
+    prior: float
+    prior_weight: float = 3.0
+    decay: float = 0.9
+    hits: list[float] = field(default_factory=list)
+    trials: list[float] = field(default_factory=list)
+
+    def rate(self, i: int) -> float:
+        if i < len(self.trials):
+            return (self.hits[i] + self.prior * self.prior_weight) / (self.trials[i] + self.prior_weight)
+        if self.trials:
+            # NOTE: positions never drafted yet borrow the last observed rate rather than the
+            # prior; otherwise k could never grow past the positions it has already tried.
+            return self.rate(len(self.trials) - 1)
+        return self.prior
+
+    def update(self, num_drafted: int, num_accepted: int) -> None:
+        for i in range(min(num_drafted, num_accepted + 1)):
+            while len(self.trials) <= i:
+                self.trials.append(0.0)
+                self.hits.append(0.0)
+            self.trials[i] = self.trials[i] * self.decay + 1.0
+            self.hits[i] = self.hits[i] * self.decay + float(i < num_accepted)
+
+    def expected_tokens(self, k: int) -> list[float]:
+        """[E(0), E(1), ..., E(k)]: expected committed tokens when drafting j tokens."""
+        return expected_tokens(self.rate(i) for i in range(k))
+
+    def summary(self, n: int = 8) -> list[float]:
+        return [round(self.rate(i), 3) for i in range(n)]
+
+
+class CopyEstimate:
+    """c(L) = P(a lookup's token is right | the L tokens before it matched its source), smoothed
+    per bucket of L (COPY_BUCKETS). A proposal with backward match length L drafts its token j
+    at length L + j, so one accepted 40-token draft teaches c at L..L+40, and a new copy (short
+    match) is drafted further as soon as its match grows. A proposal's first token has a table of
+    its own: a fresh match is wrong where the text diverges from its source right after a
+    repeated part (a JSON key and its value), while a continuation has already survived; and
+    continuations of short and long matches have one each (COPY_SPLIT). Each update first
+    decays the buckets it touches once, so the estimate follows the text by steps, not tokens.
+
+    Example: after many fully accepted drafts at L >= 32, c(40) is near 1 and E(31) is near 32,
+    while c(3) keeps its prior until short matches are tried.
+    """
+
+    def __init__(self, priors: Sequence[float] | None = None, prior_weight: float = 3.0, decay: float = 0.9) -> None:
+        # Three tables of COPY_BUCKETS each: first tokens, continuations of short, of long matches.
+        self.priors = tuple(COPY_PRIORS if priors is None else priors) * 3
+        self.prior_weight, self.decay = prior_weight, decay
+        self.hits = [0.0] * len(self.priors)
+        self.trials = [0.0] * len(self.priors)
+        self._rates: list[float] | None = None
+
+    def _index(self, length: float, j: int) -> int:
+        nb = len(self.priors) // 3
+        return copy_bucket(length + j) + (0 if not j else nb if length < COPY_SPLIT else 2 * nb)
+
+    def rates(self) -> list[float]:
+        """c per bucket of every table: its observations shrunk towards its prior. (A prior of at
+        least the next shorter bucket's rate, tried 2026-12-01, lost half a point of replayed
+        speedup on the full suite and on whole-file edits.)"""
+        if self._rates is None:
+            w = self.prior_weight
+            self._rates = [(h + p * w) / (t + w) for h, t, p in zip(self.hits, self.trials, self.priors)]
+        return self._rates
+
+    def rate(self, length: float, j: int = 0) -> float:
+        """c for draft token j of a proposal with backward match length `length`."""
+        return self.rates()[self._index(length, j)]
+
+    def update(self, length: float, num_drafted: int, num_accepted: int) -> None:
+        judged = [self._index(length, j) for j in range(min(num_drafted, num_accepted + 1))]
+        for i in set(judged):
+            self.trials[i] *= self.decay
+            self.hits[i] *= self.decay
+        for j, i in enumerate(judged):
+            self.trials[i] += 1.0
+            self.hits[i] += float(j < num_accepted)
+        self._rates = None
+
+    def expected_tokens(self, length: float, k: int) -> list[float]:
+        """[E(0), ..., E(k)] for a proposal whose backward match length is `length`."""
+        rates = self.rates()
+        return expected_tokens(rates[self._index(length, j)] for j in range(k))
+
+    def summary(self) -> dict[str, list[float]]:
+        """c by bucket of L for first tokens and for continuations of short and of long matches."""
+        nb = len(COPY_BUCKETS)
+        rate = [round(r, 3) for r in self.rates()]
+        return {"first": rate[:nb], "continued_short": rate[nb : 2 * nb], "continued_long": rate[2 * nb :]}
+
