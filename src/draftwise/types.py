@@ -12,12 +12,10 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from draftwise.errors import ConfigError
+
 if TYPE_CHECKING:
     from draftwise.constraints import Constraint
-
-
-class ConfigError(ValueError):
-    """A configuration value is out of range; the message names the field."""
 
 
 def _check(ok: bool, message: str) -> None:

@@ -16,15 +16,9 @@ from typing import Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+from draftwise.errors import BackendError as BackendError  # re-exported: raised by every backend
+from draftwise.errors import ContextOverflowError as ContextOverflowError
 from draftwise.types import ConfigError
-
-
-class BackendError(RuntimeError):
-    """The inference library failed (decode error, failed cache removal, ...)."""
-
-
-class ContextOverflowError(BackendError):
-    """More tokens than the context window holds."""
 
 
 @dataclass(frozen=True)
