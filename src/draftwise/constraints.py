@@ -1,6 +1,6 @@
-"""Structured output: a request's Constraint and the Grammar matcher the engine owns.
+"""Structured output: compiling a request's Constraint, and the Grammar matcher the engine owns.
 
-A Constraint (JSON schema, any JSON object, regex, Lark or GBNF grammar) is compiled by
+A Constraint (types.py: JSON schema, any JSON object, regex, Lark or GBNF grammar) is compiled by
 llguidance against the target's vocabulary (the tokenizer adapter is built once per model).
 The reference distribution is: mask the target logits with the grammar, then apply the
 sampling transforms, then sample; greedy is the argmax of the masked logits. The engine
@@ -13,14 +13,14 @@ import json
 import threading
 import time
 import weakref
-from dataclasses import dataclass
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
-from draftwise.errors import ConfigError, ConstraintError
+from draftwise.errors import ConstraintError
+from draftwise.types import Constraint as Constraint  # re-exported beside compile_constraint
 
-KINDS = ("json_schema", "json_object", "regex", "grammar")
 # JSON is written with json.dumps' default separators and no other whitespace: a grammar
 # that allows any whitespace lets a model emit spaces and newlines until max_tokens (the
 # known failure of flexible-whitespace JSON grammars), and fixed separators are forced
@@ -28,65 +28,20 @@ KINDS = ("json_schema", "json_object", "regex", "grammar")
 JSON_OVERRIDES = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
-@dataclass(frozen=True)
-class Constraint:
-    """What a request's output must match. source: the schema as JSON text, the regex, or the
-    grammar text (Lark, or llama.cpp GBNF, told apart by llguidance); empty for json_object.
+def grammar_definition(constraint: Constraint) -> str:
+    """The llguidance grammar definition of a constraint (not yet checked against a vocabulary)."""
+    import llguidance
 
-    Example: Constraint.json_schema({"type": "object", "properties": {"a": {"type": "integer"}}}).
-    """
-
-    kind: str
-    source: str = ""
-
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ConfigError(f"constraint kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
-        if self.kind != "json_object" and not self.source.strip():
-            raise ConstraintError(f"the {self.kind.replace('_', ' ')} is empty")
-        if self.kind == "json_schema":
-            try:
-                schema = json.loads(self.source)
-            except json.JSONDecodeError as exc:
-                raise ConstraintError(f"the JSON schema is not valid JSON: {exc}") from None
-            if not isinstance(schema, (dict, bool)):
-                raise ConstraintError(f"a JSON schema must be an object (or a boolean), got {type(schema).__name__}")
-
-    @classmethod
-    def json_schema(cls, schema: dict | str) -> "Constraint":
-        return cls("json_schema", schema if isinstance(schema, str) else json.dumps(schema))
-
-    @classmethod
-    def json_object(cls) -> "Constraint":
-        return cls("json_object")
-
-    @classmethod
-    def regex(cls, pattern: str) -> "Constraint":
-        return cls("regex", pattern)
-
-    @classmethod
-    def grammar(cls, text: str) -> "Constraint":
-        return cls("grammar", text)
-
-    @property
-    def schema(self) -> Any:
-        """The JSON schema this constraint stands for (json_object: any object), else None."""
-        if self.kind == "json_schema":
-            return json.loads(self.source)
-        return {"type": "object"} if self.kind == "json_object" else None
-
-    def to_llguidance(self) -> str:
-        """The llguidance grammar definition (not yet checked against a vocabulary)."""
-        import llguidance
-
-        try:
-            if self.kind in ("json_schema", "json_object"):
-                return llguidance.LLMatcher.grammar_from_json_schema(json.dumps(self.schema), overrides=JSON_OVERRIDES)
-            if self.kind == "regex":
-                return llguidance.LLMatcher.grammar_from_regex(self.source)
-            return llguidance.grammar_from("grammar", self.source)  # Lark, or GBNF converted to Lark
-        except ValueError as exc:
-            raise ConstraintError(f"invalid {self.kind.replace('_', ' ')}: {exc}") from None
+    kind = constraint.kind
+    try:
+        if kind in ("json_schema", "json_object"):
+            schema = json.dumps(constraint.schema)
+            return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OVERRIDES)
+        if kind == "regex":
+            return llguidance.LLMatcher.grammar_from_regex(constraint.source)
+        return llguidance.grammar_from("grammar", constraint.source)  # Lark, or GBNF converted to Lark
+    except ValueError as exc:
+        raise ConstraintError(f"invalid {kind.replace('_', ' ')}: {exc}") from None
 
 
 # ---------------------------------------------------------------------- compiling
@@ -127,11 +82,11 @@ def lltokenizer_from_pieces(tokens: Sequence[bytes], *, eos_token_id: int, speci
     return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Vocab()), n_vocab=n_vocab)
 
 
-def compile_constraint(constraint: Constraint, backend) -> "Grammar":
+def compile_constraint(constraint: Constraint, backend) -> Grammar:
     """A fresh Grammar for one request. Raises ConstraintError with llguidance's message."""
     import llguidance
 
-    grammar = constraint.to_llguidance()
+    grammar = grammar_definition(constraint)
     tokenizer = llguidance_tokenizer(backend)
     matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
     if matcher.is_error():
@@ -161,7 +116,7 @@ class Grammar:
         self.mask_ms = 0.0
         self._here: np.ndarray | None = None  # allowed [V] at the current state, once computed
 
-    def fork(self) -> "Grammar":
+    def fork(self) -> Grammar:
         return Grammar(self._matcher.deep_copy(), self.vocab_size, eos_token_ids=self.eos_token_ids)
 
     @property

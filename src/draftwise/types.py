@@ -1,26 +1,77 @@
 """The data contract: frozen dataclasses that cross the seams between parts.
 
-SamplingParams (what the request asks for), SpeculationConfig (how to speculate),
-Draft (a drafter's proposal), Verdict (the verifier's decision) and StepStats
-(what one decoding step did). Every config validates itself when built.
+SamplingParams (what the request asks for), Constraint (what its output must match;
+constraints.py compiles it), SpeculationConfig (how to speculate), Draft (a drafter's
+proposal), Verdict (the verifier's decision) and StepStats (what one decoding step did).
+Every config validates itself when built.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import Any
 
 import numpy as np
 
-from draftwise.errors import ConfigError
-
-if TYPE_CHECKING:
-    from draftwise.constraints import Constraint
+from draftwise.errors import ConfigError, ConstraintError
 
 
 def _check(ok: bool, message: str) -> None:
     if not ok:
         raise ConfigError(message)
+
+
+CONSTRAINT_KINDS = ("json_schema", "json_object", "regex", "grammar")
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What a request's output must match. source: the schema as JSON text, the regex, or the
+    grammar text (Lark, or llama.cpp GBNF, told apart by llguidance); empty for json_object.
+
+    Example: Constraint.json_schema({"type": "object", "properties": {"a": {"type": "integer"}}}).
+    """
+
+    kind: str
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in CONSTRAINT_KINDS:
+            raise ConfigError(f"constraint kind must be one of {', '.join(CONSTRAINT_KINDS)}, got {self.kind!r}")
+        if self.kind != "json_object" and not self.source.strip():
+            raise ConstraintError(f"the {self.kind.replace('_', ' ')} is empty")
+        if self.kind == "json_schema":
+            try:
+                schema = json.loads(self.source)
+            except json.JSONDecodeError as exc:
+                raise ConstraintError(f"the JSON schema is not valid JSON: {exc}") from None
+            if not isinstance(schema, (dict, bool)):
+                raise ConstraintError(f"a JSON schema must be an object (or a boolean), got {type(schema).__name__}")
+
+    @classmethod
+    def json_schema(cls, schema: dict | str) -> Constraint:
+        return cls("json_schema", schema if isinstance(schema, str) else json.dumps(schema))
+
+    @classmethod
+    def json_object(cls) -> Constraint:
+        return cls("json_object")
+
+    @classmethod
+    def regex(cls, pattern: str) -> Constraint:
+        return cls("regex", pattern)
+
+    @classmethod
+    def grammar(cls, text: str) -> Constraint:
+        return cls("grammar", text)
+
+    @property
+    def schema(self) -> Any:
+        """The JSON schema this constraint stands for (json_object: any object), else None."""
+        if self.kind == "json_schema":
+            return json.loads(self.source)
+        return {"type": "object"} if self.kind == "json_object" else None
 
 
 @dataclass(frozen=True)
@@ -39,7 +90,7 @@ class SamplingParams:
     max_tokens: int = 256
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
-    # Structured output (a constraints.Constraint): the target's logits are masked by its
+    # Structured output (a Constraint): the target's logits are masked by its
     # grammar before the transforms above. A constrained answer ends with its grammar.
     constraint: Constraint | None = None
 
@@ -84,9 +135,10 @@ class SpeculationConfig:
 
     def __post_init__(self) -> None:
         _check(self.policy in POLICIES, f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
-        _check(1 <= self.max_draft_tokens <= 256, f"max_draft_tokens (k) must be in [1, 256], got {self.max_draft_tokens}")
-        _check(1 <= self.min_draft_tokens <= self.max_draft_tokens,
-               f"min_draft_tokens must be in [1, max_draft_tokens={self.max_draft_tokens}], got {self.min_draft_tokens}")
+        _check(1 <= self.max_draft_tokens <= 256,
+               f"max_draft_tokens (k) must be in [1, 256], got {self.max_draft_tokens}")
+        _check(1 <= self.min_draft_tokens <= self.max_draft_tokens, f"min_draft_tokens must be in "
+               f"[1, max_draft_tokens={self.max_draft_tokens}], got {self.min_draft_tokens}")
         _check(1 <= self.max_branches <= 16, f"max_branches must be in [1, 16], got {self.max_branches}")
         _check(self.draft_temperature is None or self.draft_temperature >= 0,
                f"draft_temperature must be >= 0, got {self.draft_temperature}")
@@ -118,7 +170,7 @@ class Draft:
     def __len__(self) -> int:
         return len(self.token_ids)
 
-    def truncated(self, k: int) -> "Draft":
+    def truncated(self, k: int) -> Draft:
         """The first k proposed tokens (and their distributions); self if already that short."""
         if len(self.token_ids) <= k:
             return self
