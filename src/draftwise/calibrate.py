@@ -18,6 +18,9 @@ from pathlib import Path
 from draftwise.backends.base import Backend
 
 QUICK_POINTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+MAX_N = 64  # the largest forward timed by default (the auto policy asks for MAX_K + 1)
+# Timings per forward size: a thorough run times every size up to max_n, a quick one QUICK_POINTS.
+QUICK_REPEATS, THOROUGH_REPEATS = 2, 5
 CACHE_VERSION = 1
 
 
@@ -59,12 +62,12 @@ class CostCurve:
         return {"points": [list(p) for p in self.points], "context_len": self.context_len, "source": self.source}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "CostCurve":
+    def from_dict(cls, data: dict) -> CostCurve:
         return cls(tuple((int(n), float(ms)) for n, ms in data["points"]), int(data.get("context_len", 0)),
                    data.get("source", "measured"))
 
     @classmethod
-    def linear(cls, first_ms: float, per_token_ms: float, max_n: int = 32) -> "CostCurve":
+    def linear(cls, first_ms: float, per_token_ms: float, max_n: int = 32) -> CostCurve:
         """A synthetic curve: ms(n) = first_ms + per_token_ms * (n - 1)."""
         return cls(tuple((n, first_ms + per_token_ms * (n - 1)) for n in range(1, max_n + 1)), source="synthetic")
 
@@ -88,7 +91,7 @@ def _points(backend: Backend, thorough: bool, max_n: int) -> list[int]:
 
 
 def measure(backend: Backend, points=QUICK_POINTS, *, context_len: int = 256, repeats: int = 3,
-            max_n: int = 64) -> CostCurve:
+            max_n: int = MAX_N) -> CostCurve:
     """Time extend(n) + truncate at context_len tokens of context; median of repeats per n."""
     points = sorted({n for n in points if 1 <= n <= max_n} | {1})
     context_len = max(1, min(context_len, backend.n_ctx - max(points) - 1))
@@ -118,7 +121,8 @@ def measure(backend: Backend, points=QUICK_POINTS, *, context_len: int = 256, re
     return CostCurve(tuple(result), context_len=context_len)
 
 
-def load_or_measure(backend: Backend, *, thorough: bool = False, refresh: bool = False, max_n: int = 64) -> CostCurve:
+def load_or_measure(backend: Backend, *, thorough: bool = False, refresh: bool = False,
+                    max_n: int = MAX_N) -> CostCurve:
     """The cached curve for this backend, measuring it (quick or thorough) if absent."""
     path = cache_file(backend)
     if path.is_file() and not refresh:
@@ -129,7 +133,8 @@ def load_or_measure(backend: Backend, *, thorough: bool = False, refresh: bool =
         wanted = max(_points(backend, thorough, max_n))
         if (not thorough or data.get("thorough")) and curve.max_n >= wanted:
             return curve
-    curve = measure(backend, _points(backend, thorough, max_n), repeats=5 if thorough else 2, max_n=max_n)
+    curve = measure(backend, _points(backend, thorough, max_n), repeats=THOROUGH_REPEATS if thorough else QUICK_REPEATS,
+                    max_n=max_n)
     path.parent.mkdir(parents=True, exist_ok=True)
     # Written aside and renamed: another process reading the cache meanwhile sees the old file or
     # the new one, never half of one.

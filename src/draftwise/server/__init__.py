@@ -4,6 +4,14 @@ protocol.py holds the wire schemas, serving.py the queue and worker that feed th
 metrics.py the Prometheus metrics, errors.py the error JSON and auth, app.py the routes.
 """
 
-from draftwise.server.app import create_app
-
 __all__ = ["create_app"]
+
+
+def __getattr__(name: str):
+    # NOTE: app.py (FastAPI, about 0.5 s to import) loads on first use of create_app, so that
+    # importing serving.py's constants (the CLI's help) does not load it.
+    if name == "create_app":
+        from draftwise.server.app import create_app
+
+        return create_app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,26 @@
+"""Command line: draftwise pull | generate | demo | calibrate | bench | bench-serve | replay | serve | index.
+
+A thin client of the public API, one module per command group: generate.py (generate, demo),
+serve.py (serve, also on Ray), bench.py (bench, bench-serve, replay), models.py (pull,
+calibrate, index); common.py holds what they share. Bad arguments end with a one-line
+message and a non-zero exit status, never a traceback.
+"""
+
+from __future__ import annotations
+
+import click
+
+from draftwise.cli import bench, generate, models, serve
+
+__all__ = ["main"]
+
+
+@click.group()
+@click.version_option(package_name="draftwise")
+def main() -> None:
+    """draftwise: lossless speculative decoding for local LLMs."""
+
+
+for command in (models.pull, generate.generate, generate.demo, serve.serve, bench.bench, bench.bench_serve,
+                models.calibrate, models.index, bench.replay):
+    main.add_command(command)
