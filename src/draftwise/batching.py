@@ -1,10 +1,11 @@
 """Continuous batching: several requests decode together, one target forward per step.
 
-A Batcher runs requests in an engine's slots (a target sequence each, with drafters of
-its own). Every step builds one target batch holding each decoding request's [uncached
-tail + draft] rows and a chunk of a joining request's prompt, verifies per request, and
-truncates per sequence (Engine.steps). Requests join and leave between steps; each keeps
-its slot's cache when it leaves, so a follow-up request with the same prefix reuses it.
+A Batcher is the one loop every request runs in (Engine.generate/stream run a batch of
+one in slot 0). Each step (step.py) builds one target forward holding each decoding
+request's [uncached tail + draft] rows and a chunk of a joining request's prompt, then
+verifies and commits per request. Requests join and leave between steps; each keeps its
+slot's cache when it leaves, so a follow-up request with the same prefix reuses it. A
+request whose step fails ends alone: its slot is reset, the others go on.
 
 Example:
     batcher = Batcher(engine)   # engine loaded with slots, e.g. load_engine(..., options=LoadOptions(slots=4))
@@ -18,11 +19,18 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from typing import TYPE_CHECKING
+
 from draftwise.backends.base import common_prefix_length
-from draftwise.engine import Engine, Generation, Result, _Request
+from draftwise.request import Generation, Request, Result
+from draftwise.step import step
+
+if TYPE_CHECKING:
+    from draftwise.engine import Engine
 
 # Prompt rows a step's forward carries at most: a joining request's prefill is cut into
-# chunks so running streams are not stalled for a whole prompt (llama.cpp's n_batch role).
+# chunks so running streams are not stalled for a whole prompt (llama.cpp's n_batch role);
+# a Batcher of one slot (nothing else can be decoding) reads a prompt whole.
 # Measured here on the default 1.5B target: 64, 128, 256, 512 rows take 0.59, 1.09, 2.18,
 # 4.37 s, the same ~8.5 ms per row from 128 on, so 128 fills prompts as fast as larger
 # chunks while a running stream waits ~1 s at most for its next step.
@@ -57,7 +65,7 @@ Event = Emitted | Done | Failed
 @dataclass
 class _Active:
     generation: Generation
-    request: _Request
+    request: Request
     pending: list[int]  # prompt tokens not yet in the slot's cache (prefill still to run)
     admitted_at: float = field(default_factory=time.perf_counter)
 
@@ -65,12 +73,15 @@ class _Active:
 class Batcher:
     """Up to engine.num_slots requests at once; `step()` advances all of them by one forward."""
 
-    def __init__(self, engine: Engine, *, prefill_chunk: int = PREFILL_CHUNK) -> None:
-        if prefill_chunk < 1:
+    def __init__(self, engine: Engine, *, prefill_chunk: int | None = PREFILL_CHUNK,
+                 slots: Iterable[int] | None = None) -> None:
+        """slots: the engine slots this Batcher may use (default: all not busy elsewhere);
+        prefill_chunk: prompt rows per step (None: a whole prompt in one forward)."""
+        if prefill_chunk is not None and prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
         self.engine = engine
         self.prefill_chunk = prefill_chunk
-        self._free = set(range(engine.num_slots)) - engine.busy_slots
+        self._free = set(range(engine.num_slots) if slots is None else slots) - engine.busy_slots
         self._last_used = [0.0] * engine.num_slots
         self.active: list[_Active] = []
         self.num_steps = 0
@@ -94,7 +105,7 @@ class Batcher:
         spec = generation.request
         assert spec is not None, "add() takes a Generation from engine.stream()"
         prompt = spec.prompt_ids
-        with self.engine._lock:
+        with self.engine.lock:
             shared = {i: common_prefix_length(self.engine.slot(i).target.cached_ids, prompt[:-1]) for i in self._free}
             index = max(self._free, key=lambda i: (shared[i], -self._last_used[i]))
             slot, keep = self.engine.slot(index), shared[index]
@@ -108,9 +119,10 @@ class Batcher:
 
     def step(self) -> list[Event]:
         """One forward for every active request: cancellations, prefill chunks, speculative
-        steps; returns what happened (text, finished requests, failures)."""
+        steps; returns what happened (text, finished requests, failures). A request whose step
+        fails ends alone; only a failed shared forward ends every request in it."""
         events: list[Event] = []
-        with self.engine._lock:
+        with self.engine.lock:
             for a in list(self.active):
                 if a.request.cancelled is not None and a.request.cancelled():
                     a.request.stats.finish_reason = "cancelled"
@@ -118,37 +130,52 @@ class Batcher:
             decoding = [a for a in self.active if not a.pending]
             prefills, budget = [], self.prefill_chunk
             for a in self.active:  # arrival order: the earliest prompt is filled first
-                if a.pending and budget > 0:
-                    chunk = a.pending[:budget]
+                if a.pending and (budget is None or budget > 0):
+                    chunk = a.pending if budget is None else a.pending[:budget]
                     prefills.append((a, chunk))
-                    budget -= len(chunk)
+                    budget = None if budget is None else budget - len(chunk)
             if not decoding and not prefills:
                 return events
+            # A tree (several branches in one pass) is a one-request case, chosen here.
+            trees = len(decoding) == 1 and not prefills and decoding[0].request.trees
             try:
-                out = self.engine.steps([a.request for a in decoding],
-                                        [(a.request.slot.target, chunk) for a, chunk in prefills])
-            except BaseException as exc:
-                # A failed forward fails the requests in it; the slots (and every other
-                # request) stay ready.
-                events += self.fail([*decoding, *(a for a, _ in prefills)], exc)
+                result = step(self.engine.target, [a.request for a in decoding],
+                              [(a.request.slot.target, chunk) for a, chunk in prefills],
+                              trees=trees, target_time=self.engine.shared_target_time)
+            except BaseException as exc:  # outside any one request's phases: ends every request
+                events += self.fail(None, exc)
                 if not isinstance(exc, Exception):
                     raise
                 return events
             self.num_steps += 1
-            self.last_rows = self.engine.last_rows
-            for a, chunk in prefills:
+            self.last_rows = self.engine.last_rows = result.rows
+            if result.forward_error is not None:
+                events += self.fail([a for a, _ in prefills], result.forward_error)
+            for a, chunk in prefills if result.forward_error is None else ():
                 del a.pending[: len(chunk)]
                 if not a.pending:
                     now = time.perf_counter()
                     a.request.stats.prefill_ms = 1000 * (now - a.admitted_at)
                     a.request.t_decode = now
-            for a, new_ids in zip(decoding, out):
-                piece = a.request.push(new_ids)
+            for a, outcome in zip(decoding, result.outcomes):
+                try:
+                    if isinstance(outcome, Exception):
+                        raise outcome
+                    piece = a.request.push(outcome)
+                except Exception as exc:
+                    events += self.fail([a], exc)
+                    continue
                 if piece:
                     events.append(Emitted(a.generation, piece))
                 if a.request.stats.finish_reason:
                     self._finish(a, events)
         return events
+
+    def abandon(self) -> None:
+        """Drop every active request between steps without an answer (the caller stopped
+        listening); the caches stay consistent, so the next request reuses them."""
+        for a in list(self.active):
+            self._release(a)
 
     def fail(self, active: list[_Active] | None, error: BaseException) -> list[Event]:
         """End requests (None: every active one) with an error; their caches are forgotten."""

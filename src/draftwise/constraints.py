@@ -164,6 +164,18 @@ class Grammar:
 
     def _fill(self, row: np.ndarray) -> None:
         self._matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
+        # NOTE: a matcher that fails while computing a mask (a lexer or parser limit) allows
+        # only EOS from then on; raise instead, or the answer would end early, breaking it.
+        if self._matcher.is_error():
+            raise ConstraintError(f"the constraint cannot be followed: {_first_line(self._matcher.get_error())}")
+
+    def check_start(self) -> None:
+        """Compute the first mask now, so that a constraint which fails there (a lexer or parser
+        limit) or admits no answer at all is refused before the request runs."""
+        allowed = np.flatnonzero(self.allowed())
+        only_eos = len(allowed) <= len(self.eos_token_ids) and all(int(t) in self.eos_token_ids for t in allowed)
+        if only_eos and not self._matcher.is_accepting():
+            raise ConstraintError("the constraint admits no answer (no text matches it)")
 
     def valid_prefix(self, token_ids: Sequence[int]) -> int:
         """How many of token_ids the grammar accepts in a row from here."""

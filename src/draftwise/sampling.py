@@ -1,8 +1,11 @@
 """Logits -> probabilities under a request's sampling transforms, and seeded sampling.
 
-Order: temperature, then top-k, top-p, min-p on the tempered distribution; the result
-is renormalised in float64. The verifier compares draft and target in this space, so
-losslessness holds with respect to exactly this distribution.
+`distribution(logits, params)` is the one place logits become the probabilities a request
+samples from, for the target's verified rows and the draft model's proposals alike (the
+draft passes the request's parameters with its own temperature). Order: temperature, then
+top-k, top-p, min-p on the tempered distribution; the result is renormalised in float64.
+The verifier compares draft and target in this space, so losslessness holds with respect
+to exactly this distribution.
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
     return scaled
 
 
-def target_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
-    """Target distribution after the request's transforms. logits [n, V] -> probs [n, V].
+def distribution(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """The distribution params sample from, row by row. logits [n, V] -> probs [n, V].
 
     Greedy (temperature 0) returns the one-hot of the argmax, so a caller may treat
     greedy and sampling uniformly; the engine uses argmax directly for speed.
@@ -37,7 +40,7 @@ def target_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
 
 
 class LazyTargetProbs:
-    """target_probs(logits, params) computed one row at a time, on first access.
+    """distribution(logits, params) computed one row at a time, on first access.
 
     Rejection sampling usually stops at the first rejection, so most of the k+1 rows of a
     large vocabulary (150k on Qwen) are never needed; computing them all costs ~1 ms each.
@@ -51,7 +54,7 @@ class LazyTargetProbs:
     def __getitem__(self, i: int) -> np.ndarray:
         row = self._rows.get(i)
         if row is None:
-            row = self._rows[i] = target_probs(self._logits[i : i + 1], self._params)[0]
+            row = self._rows[i] = distribution(self._logits[i : i + 1], self._params)[0]
         return row
 
 

@@ -15,7 +15,7 @@ from draftwise.constraints import Constraint, compile_constraint
 from draftwise.drafters import ModelDrafter, NgramDrafter
 from draftwise.drafters.grammar import GrammarDrafter
 from draftwise.engine import Engine
-from draftwise.sampling import target_probs
+from draftwise.sampling import distribution
 from draftwise.types import SamplingParams, SpeculationConfig
 from tests.statistical import test_sequence_level as sequence_level
 from tests.statistical.test_sequence_level import DRAFT, LENGTH, PROMPT, TARGET, VOCAB, check
@@ -34,7 +34,7 @@ def exact_masked_joint(params: SamplingParams) -> dict[tuple[int, ...], float]:
         prob, context, g = 1.0, list(PROMPT), grammar.fork()
         for token in seq:
             logits = np.where(g.allowed(), TARGET.logits(context), -np.inf)
-            prob *= target_probs(logits[None, :], params)[0, token]
+            prob *= distribution(logits[None, :], params)[0, token]
             if prob == 0:
                 break
             g.consume([token])

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from draftwise.sampling import sample, softmax, target_probs
+from draftwise.sampling import sample, softmax, distribution
 from draftwise.types import Draft, SamplingParams
 from draftwise.verify import rejection_sample
 
@@ -88,7 +88,7 @@ def test_transforms_reproduce_transformed_target(params):
     rng = np.random.default_rng(42)
     target_logits = rng.standard_normal((2, 8)) * 1.5
     draft_logits = target_logits + rng.standard_normal((2, 8))  # a related but different draft
-    target_rows = target_probs(target_logits, params)
+    target_rows = distribution(target_logits, params)
     draft_row = softmax(draft_logits[0], 0.9)  # the draft's own temperature
     assert_matches(first_token_counts(target_rows, draft_row), target_rows[0])
 

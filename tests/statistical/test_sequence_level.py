@@ -12,7 +12,7 @@ from scipy.stats import chisquare
 from draftwise.backends.toy import ToyBackend, ToyModel
 from draftwise.drafters import ModelDrafter, NgramDrafter
 from draftwise.engine import Engine
-from draftwise.sampling import target_probs
+from draftwise.sampling import distribution
 from draftwise.types import SamplingParams, SpeculationConfig
 
 # slow: each check samples 12,000 sequences, enough for the chi-square test to see a 1% bias
@@ -29,7 +29,7 @@ def exact_joint(model: ToyModel, params: SamplingParams) -> dict[tuple[int, ...]
     for seq in itertools.product(range(VOCAB), repeat=LENGTH):
         prob, context = 1.0, list(PROMPT)
         for token in seq:
-            prob *= target_probs(model.logits(context)[None, :], params)[0, token]
+            prob *= distribution(model.logits(context)[None, :], params)[0, token]
             context.append(token)
         joint[seq] = prob
     return joint

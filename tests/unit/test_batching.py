@@ -42,13 +42,11 @@ REQUESTS = [
 
 def stream(engine, prompt, max_tokens, stop, speculation, drafters, prediction, cancelled=None):
     sampling = SamplingParams(max_tokens=max_tokens, stop=stop, ignore_eos=True)
-    gen = engine.stream(prompt_ids=prompt, sampling=sampling, speculation=speculation, drafters=drafters,
-                        cancelled=cancelled)
     if prediction:  # a prediction in token form: the toy's char tokenizer encodes text
-        spec = gen.request
-        spec.speculation = SpeculationConfig(policy=speculation.policy, max_draft_tokens=speculation.max_draft_tokens,
-                                             prediction=tuple(prompt * 4))
-    return gen
+        speculation = SpeculationConfig(policy=speculation.policy, max_draft_tokens=speculation.max_draft_tokens,
+                                        prediction=tuple(prompt * 4))
+    return engine.stream(prompt_ids=prompt, sampling=sampling, speculation=speculation, drafters=drafters,
+                         cancelled=cancelled)
 
 
 def single_outputs(requests):
@@ -154,7 +152,7 @@ def test_no_cross_talk_between_sequences():
 
 
 def test_one_target_forward_per_step_and_prefix_reuse(monkeypatch):
-    import draftwise.engine as engine_module
+    import draftwise.step as engine_module
 
     calls = []
     real = engine_module.extend_batch

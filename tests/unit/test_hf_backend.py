@@ -24,7 +24,7 @@ from draftwise.backends.hf import (
 )
 from draftwise.drafters import ModelDrafter, NgramDrafter
 from draftwise.engine import Engine
-from draftwise.sampling import target_probs
+from draftwise.sampling import distribution
 from draftwise.types import ConfigError, SamplingParams, SpeculationConfig
 
 PROMPT = [116, 257, 32, 99, 97, 116, 44, 258, 32, 99, 97, 116, 44, 258, 32]  # "the cat, the cat, the "
@@ -178,7 +178,7 @@ def test_sampled_sequences_follow_the_target_distribution(target_model, draft_mo
     for _ in range(LENGTH):  # expand only sequences the filtered target can produce
         nxt = {}
         for seq, prob in frontier.items():
-            probs = target_probs(reference_logits(target_model, PROMPT + list(seq))[-1:], params)[0]
+            probs = distribution(reference_logits(target_model, PROMPT + list(seq))[-1:], params)[0]
             for token in np.flatnonzero(probs):
                 nxt[seq + (int(token),)] = prob * probs[token]
         frontier = nxt

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from draftwise.sampling import filter_probs, sample, target_probs
+from draftwise.sampling import filter_probs, sample, distribution
 from draftwise.types import ConfigError, SamplingParams, SpeculationConfig
 from draftwise.verify import greedy_verify
 
@@ -20,7 +20,7 @@ def test_min_p_relative_to_top():
 
 
 def test_greedy_is_one_hot_argmax():
-    probs = target_probs(np.array([[0.1, 3.0, 2.0]]), SamplingParams())
+    probs = distribution(np.array([[0.1, 3.0, 2.0]]), SamplingParams())
     np.testing.assert_array_equal(probs, [[0, 1, 0]])
 
 

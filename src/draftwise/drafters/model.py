@@ -2,19 +2,21 @@
 
 It owns its backend and KV cache; before each proposal the cache is brought in step
 with the committed context (the shared prefix is kept, rejected tokens are dropped),
-so rollback on rejection is implicit. It samples at its own temperature; the
-verifier receives the exact distributions it sampled from.
+so rollback on rejection is implicit. It samples from sampling.distribution with the
+request's parameters at its own temperature; the verifier receives the exact
+distributions it sampled from.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from draftwise.backends.base import Backend, common_prefix_length, num_slots
 from draftwise.constraints import masked
-from draftwise.sampling import filter_probs, make_rng, sample, softmax
+from draftwise.sampling import distribution, make_rng, sample, softmax
 from draftwise.types import ConfigError, Draft, SamplingParams, SpeculationConfig
 
 if TYPE_CHECKING:
@@ -29,8 +31,9 @@ class ModelDrafter:
     def __init__(self, backend: Backend, name: str = "draft") -> None:
         self.backend = backend
         self.name = name
-        self.temperature = 0.0
-        self.top_k, self.top_p, self.min_p = 0, 1.0, 0.0
+        # The request's sampling at the draft temperature (constraint dropped: the draft follows a
+        # fork of the request's grammar itself).
+        self.sampling = SamplingParams()
         #: Stop drafting once the draft's probability of its next token falls below this
         #: (0 disables it). The auto policy sets it from measured costs.
         self.min_confidence = 0.0
@@ -48,9 +51,8 @@ class ModelDrafter:
 
     def begin(self, sampling: SamplingParams, speculation: SpeculationConfig) -> None:
         t = speculation.draft_temperature
-        self.temperature = sampling.temperature if t is None else t
         # Same filters as the target: proposing tokens the target filtered out only wastes drafts.
-        self.top_k, self.top_p, self.min_p = sampling.top_k, sampling.top_p, sampling.min_p
+        self.sampling = replace(sampling, temperature=sampling.temperature if t is None else t, constraint=None)
         self._rng = make_rng(None if sampling.seed is None else sampling.seed + 0x5EED)
         #: Cached positions reused from the previous request at this request's first proposal.
         self.num_reused_tokens = 0
@@ -87,13 +89,12 @@ class ModelDrafter:
                 if fork.is_stopped:
                     break
                 logits = masked(logits, fork.allowed())
-            if self.temperature == 0.0:
+            if self.sampling.greedy:
                 probs = None
                 token = int(np.argmax(logits))
                 confidence = float(softmax(logits)[token]) if self.min_confidence > 0 else 1.0
             else:
-                probs = filter_probs(softmax(logits, self.temperature)[None, :], top_k=self.top_k,
-                                     top_p=self.top_p, min_p=self.min_p)[0]
+                probs = distribution(logits[None, :], self.sampling)[0]
                 token = sample(probs, self._rng)
                 confidence = float(probs[token])
             if i > 0 and confidence < self.min_confidence:

@@ -1,12 +1,12 @@
 """Requests <-> engine: one worker thread feeds the engine from a bounded FIFO queue.
 
-With one slot the engine serves one request at a time, in arrival order. With several
-(`serve --parallel N`), the worker runs a Batcher: up to N requests decode together, one
-target forward per step; queued requests join as slots free up, in arrival order. Beyond
-the queue's bound a request is refused at once (503, Retry-After) rather than left to
-wait without end. A job's text pieces travel back to the event loop through an asyncio
-queue; its cancel flag reaches the engine through the `cancelled` callback, checked
-before every step.
+The worker runs a Batcher over the engine's slots (one slot: one request at a time; with
+`serve --parallel N`, up to N decode together, one target forward per step); queued
+requests join as slots free up, in arrival order. Beyond the queue's bound (requests
+waiting for a slot, not those a free slot is about to take) a request is refused at once
+(503, Retry-After) rather than left to wait without end. A job's text pieces travel back
+to the event loop through an asyncio queue; its cancel flag reaches the engine through
+the `cancelled` callback, checked before every step.
 """
 
 from __future__ import annotations
@@ -125,6 +125,10 @@ class Serving:
     def queue_length(self) -> int:
         return self._queue.qsize()
 
+    @property
+    def num_free_slots(self) -> int:
+        return self.engine.num_slots - len(self.running)
+
     # ------------------------------------------------------------ event-loop side
     def encode(self, prompt: str | None = None, messages: Sequence[dict] | None = None) -> list[int]:
         """Tokenise (chat template for messages). Thread-safe: it reads the vocabulary only."""
@@ -139,8 +143,9 @@ class Serving:
         # so calling it here checks the request without waiting for the engine.
         job.generation = self.engine.stream(prompt_ids=job.prompt_ids, sampling=sampling, speculation=speculation,
                                             cancelled=job.is_cancelled, drafters=drafters, prediction=prediction)
-        if self._queue.qsize() >= self.max_queue:
-            raise ServerBusy(f"the server is busy: {self._queue.qsize()} requests are waiting for "
+        waiting = self._queue.qsize() - self.num_free_slots  # a free slot takes a queued job next
+        if waiting >= self.max_queue:
+            raise ServerBusy(f"the server is busy: {waiting} requests are waiting for "
                              f"{self.engine.num_slots} slot(s); retry shortly")
         job.seq = next(self._seq)
         self._ensure_worker()
@@ -160,26 +165,8 @@ class Serving:
     def _ensure_worker(self) -> None:
         with self._start_lock:
             if self._thread is None:
-                work = self._work_batched if self.engine.num_slots > 1 else self._work
-                self._thread = threading.Thread(target=work, name="draftwise-engine", daemon=True)
+                self._thread = threading.Thread(target=self._work, name="draftwise-engine", daemon=True)
                 self._thread.start()
-
-    def _work(self) -> None:
-        while True:
-            job = self._queue.get()
-            if job is None:
-                break
-            if self._closed:
-                job.cancel("server shutting down")
-            try:
-                self._run(job)
-            except BaseException:  # never let one job kill the worker: the queue would hang
-                logger.exception("%s: unexpected failure in the worker", job.id)
-                job.push(Failed(RuntimeError("internal error")))
-        while not self._queue.empty():  # answer whatever arrived during shutdown
-            job = self._queue.get_nowait()
-            if job is not None:
-                job.push(Failed(JobCancelled("the server is shutting down")))
 
     def _cancelled_in_queue(self, job: Job) -> bool:
         """Answer a job cancelled while it waited (it never reaches the engine)."""
@@ -189,29 +176,6 @@ class Serving:
         self.metrics.requests.labels(job.endpoint, "cancelled").inc()
         job.push(Failed(JobCancelled(job.cancel_reason)))
         return True
-
-    def _run(self, job: Job) -> None:
-        if self._cancelled_in_queue(job):
-            return
-        job.started_at = time.monotonic()
-        self.running[0] = job
-        cache_visible = self._claim(0, job)
-        gen = job.generation
-        assert gen is not None
-        try:
-            for piece in gen:
-                if job.first_piece_at is None:
-                    job.first_piece_at = time.monotonic()
-                job.push(Piece(piece))
-        except Exception as exc:  # the engine reset its caches; report and serve the next job
-            logger.exception("%s: generation failed", job.id)
-            self.metrics.requests.labels(job.endpoint, "error").inc()
-            job.push(Failed(exc))
-            return
-        finally:
-            self.running.pop(0, None)
-        assert gen.result is not None
-        self._finished(job, gen.result, cache_visible)
 
     def _claim(self, slot: int, job: Job) -> bool:
         """Whether job may see how much of its prompt the slot had cached (same tenant)."""
@@ -231,10 +195,11 @@ class Serving:
             first_token_s=None if job.first_piece_at is None else job.first_piece_at - job.enqueued_at)
         job.push(Finished(result, cache_visible, job.predicted))
 
-    # ------------------------------------------------------------ worker side, batched
-    def _work_batched(self) -> None:
-        """Continuous batching: admit queued jobs into free slots between steps, step, route events."""
-        batcher = Batcher(self.engine, prefill_chunk=self.prefill_chunk)
+    def _work(self) -> None:
+        """Continuous batching: admit queued jobs into free slots between steps, step, route events.
+        With one slot nothing else can be decoding, so a prompt is read whole."""
+        chunk = self.prefill_chunk if self.engine.num_slots > 1 else None
+        batcher = Batcher(self.engine, prefill_chunk=chunk)
         jobs: dict[int, tuple[Job, bool]] = {}  # id(generation) -> (job, cache visible)
         stopping = False
         while not (stopping and not batcher.active):

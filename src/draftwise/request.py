@@ -1,0 +1,191 @@
+"""A request's life in the engine: validated (ValidRequest), bound to a slot (Request), done (Result).
+
+A Request is the state the step reads and advances between forwards: the committed context,
+the grammar, the rng, the policy and drafters of its slot, and the text streamed so far
+(stop strings and half UTF-8 characters are held back here). Generation is what callers
+iterate; Slot is a target sequence with the drafters that follow it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+
+import numpy as np
+
+from draftwise.backends.base import Backend
+from draftwise.drafters.base import Drafter
+from draftwise.metrics import RequestStats
+from draftwise.policy.base import Policy
+from draftwise.types import SamplingParams, SpeculationConfig
+
+if TYPE_CHECKING:
+    from draftwise.constraints import Grammar
+
+
+@dataclass
+class Result:
+    text: str
+    token_ids: list[int]
+    stats: RequestStats
+    prompt_ids: list[int] = field(default_factory=list)
+
+    @property
+    def finish_reason(self) -> str:
+        return self.stats.finish_reason
+
+    def to_dict(self) -> dict:
+        return {"text": self.text, "token_ids": self.token_ids, **self.stats.to_dict()}
+
+
+@dataclass(frozen=True)
+class ValidRequest:
+    """A request checked against the engine (prompt fits, drafters exist, constraint compiles and
+    admits an answer), not yet bound to a slot."""
+
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    speculation: SpeculationConfig
+    cancelled: Callable[[], bool] | None
+    drafters: tuple[str, ...] | None  # a subset by name; None: all
+    grammar: Grammar | None
+
+
+class Generation:
+    """An iterator of text pieces; after it is exhausted, `.result` holds the Result.
+
+    `.request` is the validated request: a Batcher may run it in a slot instead (then the
+    Generation is not iterated, and the Batcher sets `.result`)."""
+
+    def __init__(self, request: ValidRequest, pieces: Callable[[Generation], Iterator[str]]) -> None:
+        self.request = request
+        self.result: Result | None = None
+        self._pieces = pieces(self)
+
+    def __iter__(self) -> Iterator[str]:
+        return self
+
+    def __next__(self) -> str:
+        return next(self._pieces)
+
+    def close(self) -> None:
+        """Abandon the request between steps; the engine stays ready for the next one."""
+        self._pieces.close()
+
+
+@dataclass
+class Slot:
+    """A target sequence and the drafters that follow its requests (per-request state)."""
+
+    index: int
+    target: Backend
+    drafters: list[Drafter]
+
+
+class StreamDecoder:
+    """Incremental detokenisation that never emits half a UTF-8 character."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.text = ""
+        self._prefix, self._read = 0, 0
+
+    def push(self, ids: Sequence[int]) -> None:
+        self.ids.extend(ids)
+        prefix_text = self.tokenizer.decode(self.ids[self._prefix : self._read])
+        new_text = self.tokenizer.decode(self.ids[self._prefix :])
+        if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
+            self.text += new_text[len(prefix_text) :]
+            self._prefix, self._read = self._read, len(self.ids)
+
+    def flush(self) -> None:
+        tail = self.tokenizer.decode(self.ids[self._prefix :])
+        prefix_text = self.tokenizer.decode(self.ids[self._prefix : self._read])
+        if len(tail) > len(prefix_text):
+            self.text += tail[len(prefix_text) :]
+        self._prefix = self._read = len(self.ids)
+
+
+@dataclass
+class Request:
+    """One request's state between steps: what the step reads and advances.
+
+    greedy and trees are decided once, when the request is bound to its slot: greedy is the
+    sampling's; trees (several branches verified in one pass) need greedy decoding, no
+    grammar, a target that verifies trees and a speculation that asks for branches."""
+
+    sampling: SamplingParams
+    context: list[int]  # prompt + committed tokens
+    rng: np.random.Generator
+    policy: Policy
+    stats: RequestStats
+    slot: Slot
+    decoder: StreamDecoder
+    greedy: bool
+    grammar: Grammar | None = None
+    trees: bool = False
+    fast_forward: bool = True  # commit grammar-forced tokens without a decision (speculation on)
+    generated: list[int] = field(default_factory=list)
+    drafters: list[Drafter] = field(default_factory=list)
+    prompt_ids: list[int] = field(default_factory=list)
+    stop_hold: int = 0
+    eos_ids: frozenset[int] = frozenset()
+    cancelled: Callable[[], bool] | None = None
+    emitted: int = 0  # characters of text streamed so far
+    stop_at: int | None = None
+    t_decode: float = 0.0
+    result: Result | None = None
+
+    def push(self, new_ids: list[int] | None) -> str:
+        """Stop conditions, token by token, for a step's tokens (None: nothing fits any more);
+        returns the text now safe to stream (held back: a possible stop string's start, half a
+        UTF-8 character)."""
+        stats, sampling = self.stats, self.sampling
+        if new_ids is None:
+            stats.finish_reason = "length"
+            return ""
+        for token in new_ids:
+            if token in self.eos_ids:
+                stats.finish_reason = "stop"
+                stats.num_eos = 1
+                break
+            self.generated.append(token)
+            self.context.append(token)
+            if len(self.generated) >= sampling.max_tokens:
+                stats.finish_reason = "length"
+                break
+        decoder = self.decoder
+        decoder.push(self.context[len(self.prompt_ids) + len(decoder.ids):])
+        if sampling.stop:
+            self.stop_at = find_stop(decoder.text, sampling.stop, self.emitted - self.stop_hold)
+            if self.stop_at is not None:
+                stats.finish_reason = "stop"
+        if stats.finish_reason:
+            return ""
+        ready = len(decoder.text) - self.stop_hold
+        if ready <= self.emitted:
+            return ""
+        piece, self.emitted = decoder.text[self.emitted:ready], ready
+        return piece
+
+    def flush(self) -> str:
+        """The whole text at the end: the last bytes flushed, cut at a stop string."""
+        decoder, sampling = self.decoder, self.sampling
+        if self.stop_at is None:
+            decoder.flush()
+            if sampling.stop:
+                self.stop_at = find_stop(decoder.text, sampling.stop, self.emitted - self.stop_hold)
+        return decoder.text if self.stop_at is None else decoder.text[:self.stop_at]
+
+
+def find_stop(text: str, stops: Sequence[str], start: int) -> int | None:
+    """Index of the earliest stop string in text at or after start (clamped), else None.
+    Example: ("ab END cd", ["END"], 0) -> 3."""
+    start = max(0, start)
+    best = None
+    for s in stops:
+        i = text.find(s, start)
+        if i >= 0 and (best is None or i < best):
+            best = i
+    return best

@@ -1,0 +1,299 @@
+"""One speculative step for a batch of requests, as six named phases:
+
+    force -> plan -> draft -> forward -> verify -> commit
+
+Each phase says what it reads and what it changes, and hands the next one a small frozen
+value (Ready, Drafted, Verified). The target forward is the batch's one shared act; every
+other phase runs per request, and an exception there ends that request alone (its outcome
+is the exception) while the others go on with their caches and answers untouched.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence, TypeVar
+
+import numpy as np
+
+from draftwise.backends.base import Backend, extend_batch
+from draftwise.constraints import masked
+from draftwise.policy.base import Plan, PlanState
+from draftwise.policy.auto import AutoPolicy, plan_batch
+from draftwise.request import Request
+from draftwise.sampling import LazyTargetProbs
+from draftwise.types import Draft, StepStats, TreeDraft, Verdict
+from draftwise.verify import greedy_verify, greedy_verify_tree, rejection_sample
+
+# What the step yields per request: tokens to commit (the caller applies stop conditions),
+# None when nothing fits any more (context window or max_tokens), or the error that ended it.
+Outcome = list[int] | None | Exception
+T, U = TypeVar("T"), TypeVar("U")
+
+
+@dataclass(frozen=True)
+class Ready:
+    """force -> plan: what this step may draft after the forced tokens."""
+
+    forced: tuple[int, ...]  # grammar-forced tokens, committed with no decision
+    context: Sequence[int]  # committed + forced tokens
+    max_k: int  # the most draft tokens that fit (context window, max_tokens)
+
+
+@dataclass(frozen=True)
+class Drafted:
+    """draft -> forward -> verify: the proposal to check (empty: a plain step)."""
+
+    ready: Ready
+    plan: Plan
+    draft: Draft | TreeDraft
+    draft_ms: float  # this request's share of planning + its drafting
+
+
+@dataclass(frozen=True)
+class Verified:
+    """verify -> commit: the verifier's decision on the chain it checked."""
+
+    drafted: Drafted
+    verdict: Verdict
+    draft_ids: tuple[int, ...]  # the verified chain (a tree's winning branch)
+    branch: int | None = None  # the tree branch kept; None for a chain
+
+
+@dataclass(frozen=True)
+class Forward:
+    """forward -> verify/commit: the shared forward's logits and what it cost."""
+
+    logits: list[np.ndarray]  # per drafted request: [k+1, V] (a tree: one [k_b+1, V] per branch)
+    ms: float
+    rows: int
+    batched: bool  # several items (requests or prefill chunks) shared it
+
+
+@dataclass(frozen=True)
+class StepResult:
+    outcomes: list[Outcome]  # per request, in the order given
+    rows: int = 0  # target rows in the forward (0: none ran)
+    forward_error: Exception | None = None  # the shared forward failed: every item in it ends
+
+
+class PhaseClock:
+    """Milliseconds per phase, accumulated over a step: `with clock("draft") as lap: ...`;
+    lap.ms is that one interval."""
+
+    @dataclass
+    class Lap:
+        ms: float = 0.0
+
+    def __init__(self) -> None:
+        self.ms: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[Lap]:
+        lap, t0 = PhaseClock.Lap(), time.perf_counter()
+        try:
+            yield lap
+        finally:
+            lap.ms = 1000 * (time.perf_counter() - t0)
+            self.ms[phase] += lap.ms
+
+
+def step(target: Backend, reqs: Sequence[Request], prefills: Sequence[tuple[Backend, Sequence[int]]] = (),
+         *, trees: bool = False, target_time=None) -> StepResult:
+    """One step for each request with one target forward for all of them. `prefills`
+    (sequence, ids) ride in the same forward without logits (chunked prefill of joining
+    requests). trees: the batch is one request that may verify several branches (decided by
+    the caller, before the step). target_time: the auto policies' shared cost model, told
+    what a batched forward cost."""
+    out: list[Outcome] = [None] * len(reqs)
+    clock = PhaseClock()
+    ready = {}
+    for i, forced in _each(out, dict(enumerate(reqs)), lambda i, req: force(req)).items():
+        if isinstance(forced, Ready):
+            ready[i] = forced
+        else:
+            out[i] = forced  # the forced tokens end the request, or nothing fits
+    if not ready and not prefills:
+        return StepResult(out)
+    with clock("plan") as planning:
+        plans = plan({i: (reqs[i], r) for i, r in ready.items()}, sum(len(ids) for _, ids in prefills), out)
+    plan_share = planning.ms / max(1, len(plans))
+
+    def draft_one(i: int, p: Plan) -> Drafted:
+        with clock("draft") as lap:
+            proposal = draft(reqs[i], ready[i], p, trees)
+        return Drafted(ready[i], p, proposal, plan_share + lap.ms)
+
+    drafted = _each(out, plans, draft_one)
+    rows = sum(_rows(reqs[i], d) for i, d in drafted.items()) + sum(len(ids) for _, ids in prefills)
+    try:
+        with clock("forward") as lap:
+            logits = forward(target, [(reqs[i], d) for i, d in drafted.items()], prefills)
+    except Exception as exc:  # a shared act: no one request to blame
+        for i in drafted:
+            out[i] = exc
+        return StepResult(out, forward_error=exc)
+    fwd = Forward(logits, lap.ms, rows, len(drafted) + len(prefills) > 1)
+    if fwd.batched and target_time is not None:
+        target_time.observe(rows, fwd.ms)  # the shared forward, once at its total rows
+    row_logits = dict(zip(drafted, logits))
+    verified = _each(out, drafted, lambda i, d: verify(reqs[i], d, row_logits[i]))
+    committed = _each(out, verified, lambda i, v: commit(reqs[i], v, fwd, len(drafted)))
+    for i, tokens in committed.items():
+        out[i] = tokens
+    return StepResult(out, rows)
+
+
+def _each(out: list[Outcome], items: dict[int, T], phase: Callable[[int, T], U]) -> dict[int, U]:
+    """phase(i, value) for each request still in the step; an exception ends request i alone
+    (out[i] holds it) and the others go on."""
+    done: dict[int, U] = {}
+    for i, value in items.items():
+        try:
+            done[i] = phase(i, value)
+        except Exception as exc:
+            out[i] = exc
+    return done
+
+
+# ---------------------------------------------------------------------- the phases
+def force(req: Request) -> Ready | list[int] | None:
+    """1. Forced tokens. Reads the grammar at the committed context; where it allows a single
+    token, that token's masked probability is 1, so it is committed with no decision and the
+    target needs only its KV entry, which this step's forward writes (no logits row). Changes:
+    the grammar (consumes them) and the forced-token count. Plain decoding (speculation off)
+    decodes them one per forward like any other token.
+
+    Returns what the step may draft (Ready), or the request's last tokens when forced tokens
+    end it, or None when nothing fits."""
+    target, grammar = req.slot.target, req.grammar
+    remaining = req.sampling.max_tokens - len(req.generated)
+    forced = []
+    if grammar is not None and req.fast_forward:
+        forced = grammar.forced(min(remaining, target.n_ctx - len(req.context)))
+    req.stats.num_forced_tokens += len(forced)
+    if forced and (forced[-1] in grammar.eos_token_ids or len(forced) >= remaining):
+        return forced
+    context = req.context + forced if forced else req.context
+    max_k = min(target.n_ctx - len(context), remaining - len(forced) - 1)  # never past either
+    if max_k < 0:
+        return forced or None
+    return Ready(tuple(forced), context, max_k)
+
+
+def plan(items: dict[int, tuple[Request, Ready]], extra_rows: int, out: list[Outcome]) -> dict[int, Plan]:
+    """2. Plan: which drafter and how many tokens each request drafts. Reads the policies'
+    estimates; changes nothing but what a policy keeps of its own planning (free drafters
+    propose while it plans). Auto policies of one engine choose jointly for the shared forward;
+    if the joint plan fails, each request plans alone, so a failure ends only its request."""
+    states = {i: PlanState(context=r.context, max_k=r.max_k, greedy=req.greedy, grammar=req.grammar,
+                           num_forced=len(r.forced)) for i, (req, r) in items.items()}
+    auto = [i for i, (req, _) in items.items() if isinstance(req.policy, AutoPolicy)]
+    plans: dict[int, Plan] = {}
+    if auto and (len(auto) > 1 or extra_rows):
+        try:
+            joint = plan_batch([items[i][0].policy for i in auto], [states[i] for i in auto], extra_rows)
+            plans = dict(zip(auto, joint))
+        except Exception:
+            plans = {}
+    alone = {i: states[i] for i in items if i not in plans}
+    plans.update(_each(out, alone, lambda i, state: items[i][0].policy.plan(state)))
+    return {i: plans[i] for i in items if i in plans}  # in request order
+
+
+def draft(req: Request, ready: Ready, plan: Plan, trees: bool) -> Draft | TreeDraft:
+    """3. Draft: the planned drafter proposes (or the proposal the policy already made), cut to
+    what fits and, under a grammar, to its valid prefix (the target would reject the rest with
+    certainty). A tree stays a tree only when `trees`. Changes the drafter's own state."""
+    proposal = plan.draft
+    if proposal is None:
+        use = plan.drafter is not None and plan.k > 0
+        proposal = plan.drafter.propose(ready.context, plan.k, req.grammar) if use else Draft()
+    proposal = _fit(proposal, ready.max_k, getattr(req.slot.target, "n_seq_max", 16) if trees else 1)
+    if req.grammar is not None and len(proposal):
+        proposal = proposal.truncated(req.grammar.valid_prefix(proposal.token_ids))
+    return proposal
+
+
+def forward(target: Backend, drafted: Sequence[tuple[Request, Drafted]],
+            prefills: Sequence[tuple[Backend, Sequence[int]]]) -> list[np.ndarray]:
+    """4. Forward: one target pass over, per request, [uncached committed tail, d_1..d_k] with
+    logits for its k+1 rows [last committed, d_1..d_k], plus the prefill chunks (no logits).
+    A tree (a request alone) is one pass over all its branches. Changes the target caches:
+    they now hold every row fed (commit truncates what is rejected)."""
+    if len(drafted) == 1 and not prefills and isinstance(drafted[0][1].draft, TreeDraft):
+        req, d = drafted[0]
+        return [req.slot.target.extend_tree(d.ready.context[-1], d.draft.branches)]
+    items = [(req.slot.target, [*d.ready.context[req.slot.target.num_cached:], *d.draft.token_ids], len(d.draft) + 1)
+             for req, d in drafted]
+    items += [(seq, list(ids), 0) for seq, ids in prefills]
+    return extend_batch(target, items)[: len(drafted)]
+
+
+def verify(req: Request, drafted: Drafted, logits: np.ndarray) -> Verified:
+    """5. Verify: accept a prefix of the draft and pick the next token from the target's rows
+    (logits [k+1, V]), masked by the grammar at each row's position. Greedy: argmax; sampling:
+    exact rejection sampling. Reads the grammar (it does not move) and draws from req.rng."""
+    proposal = drafted.draft
+    if isinstance(proposal, TreeDraft):
+        branch, verdict = greedy_verify_tree(proposal.branches, [np.argmax(x, axis=-1) for x in logits])
+        return Verified(drafted, verdict, proposal.branches[branch], branch)
+    if req.grammar is not None:
+        logits = masked(logits, req.grammar.masks(proposal.token_ids))  # [k+1, V]
+    if req.greedy:
+        verdict = greedy_verify(proposal.token_ids, np.argmax(logits, axis=-1))
+    else:
+        verdict = rejection_sample(proposal, LazyTargetProbs(logits, req.sampling), req.rng)
+    return Verified(drafted, verdict, proposal.token_ids)
+
+
+def commit(req: Request, verified: Verified, fwd: Forward, batch_size: int) -> list[int]:
+    """6. Commit: keep the accepted draft tokens in the target cache and drop the rejected rest;
+    advance the grammar; record the step in the stats, the drafter and the policy. Returns the
+    forced + committed tokens (the request's push applies stop conditions)."""
+    drafted, verdict = verified.drafted, verified.verdict
+    proposal, forced = drafted.draft, list(drafted.ready.forced)
+    if verified.branch is not None:
+        req.slot.target.commit_branch(verified.branch, verdict.num_accepted)
+    else:
+        req.slot.target.truncate(len(drafted.ready.context) + verdict.num_accepted)
+    committed = verdict.committed(verified.draft_ids)
+    if req.grammar is not None:
+        req.grammar.consume([t for t in committed if t not in req.grammar.eos_token_ids])
+    stats = StepStats(
+        drafter=proposal.source if len(proposal) else "none",
+        num_drafted=len(proposal), num_accepted=verdict.num_accepted,
+        num_committed=len(committed) + len(forced), draft_ms=drafted.draft_ms,
+        verify_ms=fwd.ms, planned_k=drafted.plan.k,
+        num_branches=len(proposal.branches) if isinstance(proposal, TreeDraft) else 1,
+        num_forced=len(forced), batch_rows=fwd.rows if fwd.batched else 0,
+        batch_size=batch_size if fwd.batched else 1,
+    )
+    req.stats.record(stats)
+    if drafted.plan.drafter is not None and len(proposal):
+        drafted.plan.drafter.accept(verdict.num_accepted)
+    req.policy.observe(stats)
+    return forced + committed
+
+
+# ---------------------------------------------------------------------- helpers
+def _rows(req: Request, drafted: Drafted) -> int:
+    """Target rows a request puts in the forward."""
+    if isinstance(drafted.draft, TreeDraft):
+        return 1 + len(drafted.draft)
+    return len(drafted.ready.context) - req.slot.target.num_cached + len(drafted.draft)
+
+
+def _fit(draft: Draft | TreeDraft, max_k: int, max_branches: int) -> Draft | TreeDraft:
+    """Trim a proposal to max_k tokens per branch and to the branches the target can hold;
+    a single branch becomes a chain (trees are greedy-only; sampling keeps exact chain
+    verification, so a tree under sampling is reduced to its first branch)."""
+    if isinstance(draft, TreeDraft):
+        branches = tuple(b[:max_k] for b in draft.branches if max_k > 0 and len(b))[:max_branches]
+        if len(branches) > 1:
+            return TreeDraft(branches, draft.source, draft.score)
+        return Draft(branches[0] if branches else (), None, draft.source, draft.score)  # trees have no kind
+    return draft.truncated(max_k)
+
