@@ -102,3 +102,25 @@ def test_a_client_that_leaves_frees_its_slot_for_the_next():
     expected = make_engine().generate("next one", sampling=SamplingParams(max_tokens=10, ignore_eos=True))
     assert reply["choices"][0]["text"] == expected.text
     assert 'finish_reason="cancelled"} 1.0' in metrics
+
+
+def test_free_slots_admit_before_the_queue_bound_applies():
+    # One request runs, three slots are free and eight may wait: eleven arriving at once all fit.
+    engine = make_engine(slots=4, step_delay_s=0.003)
+    app = create_app(engine, MODEL, max_queue=8)
+    with LiveServer(engine, app=app) as live:
+        serving = live.app.state.serving
+
+        async def scenario():
+            async with httpx.AsyncClient(timeout=120) as client:
+                first = asyncio.create_task(client.post(f"{live.url}/v1/completions", json=body("the long one", 400)))
+                deadline = time.monotonic() + 10
+                while not serving.running:
+                    assert time.monotonic() < deadline, "the first request never started"
+                    await asyncio.sleep(0.01)
+                rest = await asyncio.gather(*(client.post(f"{live.url}/v1/completions", json=body(f"p {i}", 4))
+                                              for i in range(11)))
+                return [await first, *rest]
+
+        replies = asyncio.run(scenario())
+    assert [r.status_code for r in replies] == [200] * 12, [r.text for r in replies if r.status_code != 200]
