@@ -7,12 +7,18 @@ and raises if it cannot. The draft model is a Backend too.
 A backend loaded with several slots also serves `sequence(i)`: a Backend of its own for
 sequence i over the same model and cache memory (sequence 0 is the backend itself), and
 `extend_batch`, one forward over several sequences (continuous batching).
+
+`encode_chat` tokenises a chat prompt so that message text stays text: control tokens
+come only from the chat template.
 """
 
 from __future__ import annotations
 
+import functools
+import re
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -32,7 +38,16 @@ class Capabilities:
 class Tokenizer(Protocol):
     eos_token_ids: frozenset[int]
 
-    def encode(self, text: str, *, add_special: bool = True) -> list[int]: ...
+    def encode(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        """add_special: the model's BOS (and the like); parse_special: a control token's text
+        ("<|im_start|>") becomes that token, else it is tokenised as the plain text it is."""
+        ...
+
+    @property
+    def control_texts(self) -> frozenset[str]:
+        """The texts encode() reads as control tokens when parse_special is on."""
+        ...
+
     def decode(self, ids: Sequence[int]) -> str: ...
     def token_text(self, token_id: int) -> str: ...
     def apply_chat_template(self, messages: Sequence[dict], *, add_generation_prompt: bool = True) -> str: ...
@@ -147,3 +162,92 @@ def sync_cache(backend: Backend, ids: Sequence[int]) -> int:
     if keep < len(ids):
         backend.prefill(ids[keep:])
     return keep
+
+
+# ---------------------------------------------------------------------- chat prompts
+# Private markers around a control token's text found in a message (Unicode noncharacters,
+# "not for interchange": removed from messages first, so no client can write one).
+_MARK_START, _MARK_END = "\ufdd0", "\ufdd1"
+_STRUCTURAL_KEYS = frozenset({"role", "type"})  # values from a fixed set that templates compare against
+
+
+def encode_chat(tokenizer: Tokenizer, messages: Sequence[dict], *, add_generation_prompt: bool = True) -> list[int]:
+    """The chat prompt's token ids, with every string the messages carry (content, names, tool
+    text) tokenised as plain text: control tokens come only from the chat template itself.
+
+    Example (Qwen): a user message "hi<|im_end|>" encodes as [151644] + text("user\nhi") +
+    text("<|im_end|>") + [151645] + ...: the message's "<|im_end|>" as the text tokens that
+    spell it, never 151645.
+
+    A message without a control token's text (almost all) is rendered and tokenised whole, as
+    ever. Otherwise each such text in the messages is wrapped in private markers before the
+    template renders them, so it stays recognisable whatever the template does around it (trim,
+    split); the rendering is then tokenised with control tokens parsed, but the marked texts as
+    plain text. A lone marker (a template that split a marked text) is dropped but still breaks
+    the text, so the two sides cannot join into a control token.
+    """
+    controls = _control_pattern(tokenizer.control_texts)
+    forged = controls is not None and any(controls.search(s) for s in _strings(messages))
+    if not forged:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        utf8(text)  # text that is not valid Unicode is refused by name
+        return tokenizer.encode(text, add_special=True)
+    marked = tokenizer.apply_chat_template(_marked(messages, controls), add_generation_prompt=add_generation_prompt)
+    utf8(marked)
+    # [text, marked control text, text, ..., text]; a lone marker leaves None in the odd place
+    parts = re.split(f"{_MARK_START}({controls.pattern}){_MARK_END}|[{_MARK_START}{_MARK_END}]", marked)
+    ids = tokenizer.encode(parts[0], add_special=True)
+    newline = tokenizer.encode("\n", add_special=False, parse_special=False)
+    for i, part in enumerate(parts[1:], start=1):
+        if part:
+            ids += _encode_inside(tokenizer, part, parse_special=i % 2 == 0, newline=newline)
+    return ids
+
+
+@functools.lru_cache(maxsize=8)
+def _control_pattern(texts: frozenset[str]) -> re.Pattern | None:
+    """One regex that finds any of texts (longest first, so a token wins over those it holds)."""
+    texts = [t for t in texts if t]
+    if not texts:
+        return None
+    return re.compile("(?:" + "|".join(re.escape(t) for t in sorted(texts, key=len, reverse=True)) + ")")
+
+
+def _strings(value: Any, key: str | None = None) -> Iterator[str]:
+    """The free-text strings in messages (content, names, tool text), at any depth."""
+    if isinstance(value, str):
+        if key not in _STRUCTURAL_KEYS:
+            yield value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _strings(v, k)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _strings(v)
+
+
+def _marked(value: Any, controls: re.Pattern, key: str | None = None) -> Any:
+    """value with every control text in its free-text strings wrapped in the private markers."""
+    if isinstance(value, str):
+        if key in _STRUCTURAL_KEYS:
+            return value
+        value = value.replace(_MARK_START, "").replace(_MARK_END, "")
+        return controls.sub(lambda m: f"{_MARK_START}{m.group()}{_MARK_END}", value)
+    if isinstance(value, dict):
+        return {k: _marked(v, controls, k) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_marked(v, controls) for v in value]
+    return value
+
+
+def _encode_inside(tokenizer: Tokenizer, text: str, *, parse_special: bool, newline: list[int]) -> list[int]:
+    """text's ids as they read in the middle of a prompt.
+
+    NOTE: tokenised after a newline that is then dropped, because SentencePiece vocabularies
+    prepend a space to the start of a text (and transformers does it the same way); where the
+    newline merges with the text, the text is tokenised alone.
+    """
+    ids = tokenizer.encode("\n" + text, add_special=False, parse_special=parse_special)
+    if newline and ids[: len(newline)] == newline:
+        return ids[len(newline):]
+    return tokenizer.encode(text, add_special=False, parse_special=parse_special)

@@ -19,8 +19,9 @@ from __future__ import annotations
 import hashlib
 import inspect
 import os
+import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -70,14 +71,31 @@ class HFTokenizer:
         vocab = tokenizer.get_vocab()
         eos.update(vocab[text] for text in END_OF_GENERATION_TEXTS if text in vocab)
         self.eos_token_ids = frozenset(t for t in eos if 0 <= t < vocab_size)
+        self.control_texts = frozenset(t.content for t in tokenizer.added_tokens_decoder.values() if t.special)
+        self._as_text = None  # the Rust tokenizer that reads special tokens as text, made on first use
+        self._as_text_lock = threading.Lock()
 
     @property
     def vocab_size(self) -> int:
         return self._vocab_size
 
-    def encode(self, text: str, *, add_special: bool = True) -> list[int]:
-        # Special-token text ("<|im_start|>") maps to its control token, as in llama.cpp.
-        return list(self._tok.encode(text, add_special_tokens=add_special))
+    def encode(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        # Special-token text ("<|im_start|>") maps to its control token unless parse_special is off;
+        # other added tokens (Qwen's "<tool_call>") always do, as in llama.cpp.
+        if parse_special:
+            return list(self._tok.encode(text, add_special_tokens=add_special))
+        backend = getattr(self._tok, "_tokenizer", None)
+        if backend is None:  # a Python tokenizer takes the flag per call
+            return list(self._tok.encode(text, add_special_tokens=add_special, split_special_tokens=True))
+        # NOTE: for a fast tokenizer, split_special_tokens flips a flag on the shared Rust tokenizer
+        # for the call, racing with other threads' encodes: a copy of its own keeps the flag set.
+        with self._as_text_lock:
+            if self._as_text is None:
+                from tokenizers import Tokenizer as RustTokenizer
+
+                self._as_text = RustTokenizer.from_str(backend.to_str())
+                self._as_text.encode_special_tokens = True
+        return list(self._as_text.encode(text, add_special_tokens=add_special).ids)
 
     def decode(self, ids: Sequence[int]) -> str:
         # Control tokens are not rendered (llama.cpp's detokenize does the same).
@@ -118,7 +136,9 @@ class ByteTokenizer:
     def vocab_size(self) -> int:
         return self._vocab_size
 
-    def encode(self, text: str, *, add_special: bool = True) -> list[int]:
+    control_texts: frozenset[str] = frozenset()  # no text maps to a control token
+
+    def encode(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
         return [b for b in text.encode("utf-8") if b < self._vocab_size]
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -492,5 +512,6 @@ def _load_tokenizer(directory: Path, gguf_file: str | None, model):
     try:
         tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
     except Exception as exc:  # the tokenizers library raises bare Exceptions
-        raise BackendError(f"transformers could not load the tokenizer of {directory / (gguf_file or '')}: {exc}") from exc
+        raise BackendError(f"transformers could not load the tokenizer of {directory / (gguf_file or '')}: "
+                           f"{exc}") from exc
     return _wrap_tokenizer(tokenizer, model)

@@ -10,8 +10,8 @@ the removal is refused.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -36,15 +36,28 @@ class LlamaCppTokenizer:
         n_tokens = llama_cpp.llama_vocab_n_tokens(self._vocab)
         self.eos_token_ids = frozenset(t for t in range(n_tokens) if llama_cpp.llama_vocab_is_eog(self._vocab, t))
         self._template = llm.metadata.get("tokenizer.chat_template")
-        self._formatter = None
+        self._formatters: dict[bool, object] = {}  # by add_generation_prompt
+        self._control_texts: frozenset[str] | None = None
 
     @property
     def vocab_size(self) -> int:
         return self._n_vocab
 
-    def encode(self, text: str, *, add_special: bool = True) -> list[int]:
-        # NOTE: special tokens are parsed so that chat-templated text maps to control tokens.
-        return self._llm.tokenize(utf8(text), add_bos=add_special, special=True)
+    def encode(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        # NOTE: with parse_special off llama.cpp still reads user-defined tokens (Qwen's
+        # "<tool_call>") as one token each, as transformers does; control tokens become text.
+        return self._llm.tokenize(utf8(text), add_bos=add_special, special=parse_special)
+
+    @property
+    def control_texts(self) -> frozenset[str]:
+        """Texts of the control (and unknown-type) tokens: what parse_special turns on."""
+        if self._control_texts is None:
+            c = self._c
+            parsed = c.LLAMA_TOKEN_ATTR_CONTROL | c.LLAMA_TOKEN_ATTR_UNKNOWN
+            n_tokens = c.llama_vocab_n_tokens(self._vocab)
+            self._control_texts = frozenset(
+                self.token_text(t) for t in range(n_tokens) if c.llama_vocab_get_attr(self._vocab, t) & parsed)
+        return self._control_texts
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._llm.detokenize(list(ids)).decode("utf-8", errors="replace")
@@ -72,25 +85,26 @@ class LlamaCppTokenizer:
     def apply_chat_template(self, messages: Sequence[dict], *, add_generation_prompt: bool = True) -> str:
         if not self._template:
             raise BackendError("this model has no chat template in its GGUF metadata; use a plain prompt")
-        if self._formatter is None:
+        formatter = self._formatters.get(add_generation_prompt)
+        if formatter is None:
             from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
             def text_of(token: int) -> str:
                 return self.token_text(token) if token >= 0 else ""
 
-            self._formatter = Jinja2ChatFormatter(
+            formatter = self._formatters[add_generation_prompt] = Jinja2ChatFormatter(
                 template=self._template,
                 eos_token=text_of(self._llm.token_eos()),
                 bos_token=text_of(self._llm.token_bos()),
                 add_generation_prompt=add_generation_prompt,
             )
-        return self._formatter(messages=list(messages)).prompt
+        return formatter(messages=list(messages)).prompt
 
 
 class _SequenceOps:
     """Cache operations on one llama.cpp sequence (seq_id) of a backend's context."""
 
-    _owner: "LlamaCppBackend"
+    _owner: LlamaCppBackend
     _seq_id: int
     _ids: list[int]
     _n_ctx: int
@@ -133,7 +147,7 @@ class _SequenceOps:
 class LlamaCppSequence(_SequenceOps):
     """Sequence `seq_id` of a LlamaCppBackend loaded with slots: a Backend of its own."""
 
-    def __init__(self, owner: "LlamaCppBackend", seq_id: int) -> None:
+    def __init__(self, owner: LlamaCppBackend, seq_id: int) -> None:
         self._owner, self._seq_id, self._ids, self._n_ctx = owner, seq_id, [], owner._n_ctx
         self.name = f"{owner.name}#{seq_id}"
         self.identity, self.tokenizer = owner.identity, owner.tokenizer
@@ -286,7 +300,8 @@ class LlamaCppBackend(_SequenceOps):
             for seq, _, _ in items:
                 self._c.llama_memory_seq_rm(self._mem, seq._seq_id, len(seq._ids), -1)
             raise
-        logits = rows[0] if len(rows) == 1 else np.concatenate(rows) if rows else np.zeros((0, self._n_vocab), np.float32)
+        empty = np.zeros((0, self._n_vocab), np.float32)
+        logits = rows[0] if len(rows) == 1 else np.concatenate(rows) if rows else empty
         out, at = [], 0
         for seq, ids, num_logits in items:
             seq._ids.extend(int(t) for t in ids)

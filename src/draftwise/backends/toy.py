@@ -8,8 +8,8 @@ construction. A character tokenizer gives it text: token 0 is EOS, 1.. are chara
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -35,7 +35,9 @@ class CharTokenizer:
     def vocab_size(self) -> int:
         return len(self._pieces)
 
-    def encode(self, text: str, *, add_special: bool = True) -> list[int]:
+    control_texts: frozenset[str] = frozenset()  # "</s>" and "<17>" are never read from text
+
+    def encode(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
         return [self._index[c] for c in text if c in self._index]
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -129,10 +131,10 @@ class ToyBackend:
     def num_slots(self) -> int:
         return len(self._slots)
 
-    def sequence(self, slot: int) -> "ToyBackend":
+    def sequence(self, slot: int) -> ToyBackend:
         return self._slots[slot]
 
-    def extend_batch(self, items: Sequence[tuple["ToyBackend", Sequence[int], int]]) -> list[np.ndarray]:
+    def extend_batch(self, items: Sequence[tuple[ToyBackend, Sequence[int], int]]) -> list[np.ndarray]:
         for seq, _, _ in items:
             if not any(seq is s for s in self._slots):
                 raise BackendError(f"{seq.name} is not a sequence of {self.name}")
