@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 import uvicorn
@@ -13,6 +13,7 @@ from draftwise.backends.toy import ToyBackend, ToyModel
 from draftwise.drafters import ModelDrafter, NgramDrafter
 from draftwise.engine import Engine
 from draftwise.server import create_app
+from draftwise.server.errors import uvicorn_options
 from draftwise.types import SpeculationConfig
 
 MODEL = "toy-40"
@@ -41,17 +42,18 @@ def make_engine(*, n_ctx: int = 4096, step_delay_s: float = 0.0, draft_model: bo
 
 
 class LiveServer:
-    """uvicorn serving create_app(engine) from a daemon thread; `url` is its base URL."""
+    """uvicorn serving create_app(engine) from a daemon thread, as `draftwise serve` runs it
+    (uvicorn_options); `url` is its base URL."""
 
-    def __init__(self, engine: Engine, api_key: str | None = None, app=None) -> None:
+    def __init__(self, engine: Engine, api_key: str | None = None, app=None, **options) -> None:
         self.engine = engine
         self.app = app or create_app(engine, MODEL, api_key=api_key)
         config = uvicorn.Config(self.app, host="127.0.0.1", port=0, log_config=None, log_level="warning",
-                                lifespan="on")
+                                lifespan="on", **uvicorn_options(**options))
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="uvicorn-test", daemon=True)
 
-    def __enter__(self) -> "LiveServer":
+    def __enter__(self) -> LiveServer:
         self.thread.start()
         deadline = time.monotonic() + 10
         while not self.server.started:

@@ -1,12 +1,17 @@
 """What a demanding client or a security reviewer tries: text that is not valid Unicode, status
 codes clients map to the right error class, unbounded requests, chunked bodies past the cap,
-what the prefix cache tells one tenant about another, and logs that never quote a request.
+what the prefix cache (usage, /metrics) tells one tenant about another, logs that never quote
+a request, bodies the parser cannot read, headers and bodies sent slowly (raw sockets against
+both of uvicorn's parsers), and a request big enough to hold the event loop.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import socket
+import threading
+import time
 
 import httpx
 import openai
@@ -89,6 +94,34 @@ def test_one_tenant_is_not_told_what_another_left_in_the_cache(start_server):
     assert b1.usage.prompt_tokens_details.cached_tokens == 0  # the reuse came from tenant a
     assert b1.usage.model_extra["speculative"]["num_reused_tokens"] == 0
     assert b2.usage.prompt_tokens_details.cached_tokens > 0  # its own earlier request
+    # Times that shrink with reuse (target prefill, the draft model's catch-up) are not told either.
+    timings = ("prefill_ms", "decode_ms", "draft_ms", "tokens_per_second", "tokens_per_second_e2e")
+    assert all(b1.usage.model_extra["speculative"][name] is None for name in timings)
+    assert all(b2.usage.model_extra["speculative"][name] is not None for name in timings)
+    assert b2.usage.model_extra["speculative"]["prefill_ms"] >= 0
+
+
+def test_metrics_answer_the_operator_alone_when_tenants_share_a_server():
+    engine = make_engine()
+    app = create_app(engine, MODEL, api_keys=("key-a", "key-b"), metrics_key="ops-key")
+    with LiveServer(engine, app=app) as live:
+        client(live.url, api_key="key-a").completions.create(model=MODEL, prompt="some prompt", max_tokens=2)
+
+        def scrape(key=None):
+            return httpx.get(f"{live.url}/metrics", headers={"authorization": f"Bearer {key}"} if key else {})
+
+        assert scrape("key-a").status_code == 403 and scrape("key-a").json()["error"]["code"] == "permission_denied"
+        assert scrape().status_code == 401 and scrape("nonsense").status_code == 401
+        r = scrape("ops-key")
+        assert r.status_code == 200 and "draftwise_reused_prompt_tokens_total" in r.text
+        with pytest.raises(openai.AuthenticationError):  # the metrics key is no API key
+            client(live.url, api_key="ops-key").models.list()
+    app = create_app(engine, MODEL, api_keys=("key-a", "key-b"))  # no metrics key: nobody reads them
+    with LiveServer(engine, app=app) as live:
+        r = httpx.get(f"{live.url}/metrics", headers={"authorization": "Bearer key-a"})
+        assert r.status_code == 403 and "metrics key" in r.json()["error"]["message"]
+    with LiveServer(engine, app=create_app(engine, MODEL, api_key="only-key")) as live:  # one tenant: its metrics
+        assert httpx.get(f"{live.url}/metrics", headers={"authorization": "Bearer only-key"}).status_code == 200
 
 
 class Exploding:
@@ -127,3 +160,110 @@ def test_no_unicode_input_gets_a_server_error(server, text):
                                                  "stop": [text] if text else None})):
         r = post(server.url, path, body)
         assert r.status_code < 500, r.text
+
+
+# ---------------------------------------------------------------------- bodies the parser refuses
+@pytest.mark.parametrize("body, code, words", [
+    (b'{"model": "toy-40", "prompt": "caf\xe9"}', "invalid_encoding", "UTF-8"),
+    (b"[" * 100_000 + b"]" * 100_000, "json_too_deep", "too deeply"),
+])
+def test_unreadable_bodies_are_specific_400s(server, body, code, words):
+    r = httpx.post(f"{server.url}/v1/completions", content=body, headers={"content-type": "application/json"},
+                   timeout=30)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == code and words in r.json()["error"]["message"]
+
+
+# ---------------------------------------------------------------------- below the app: uvicorn
+@pytest.fixture(scope="module", params=["httptools", "h11"])
+def impatient(request):
+    """A server with deadlines of half a second for headers and for the body, on either of
+    uvicorn's HTTP parsers."""
+    if request.param == "httptools":
+        pytest.importorskip("httptools")
+    engine = make_engine(step_delay_s=0.05, draft_model=False)
+    with LiveServer(engine, app=create_app(engine, MODEL, body_timeout_s=0.5), header_timeout_s=0.5,
+                    http=request.param) as live:
+        yield live
+
+
+def raw_exchange(url: str, data: bytes, timeout_s: float = 5.0) -> tuple[bytes, float]:
+    """Send data on a fresh connection; return what came back until the server closed it, and when."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=timeout_s) as sock:
+        sock.sendall(data)
+        t0, received = time.monotonic(), b""
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                return received, float("inf")  # still open
+            if not chunk:
+                return received, time.monotonic() - t0
+            received += chunk
+
+
+def test_a_negative_content_length_is_a_json_400(impatient):
+    reply, _ = raw_exchange(impatient.url, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n"
+                                           b"Content-Type: application/json\r\n\r\n{}")
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400") and b"application/json" in head.lower()
+    error = json.loads(body)["error"]
+    assert error["code"] == "malformed_request" and error["type"] == "invalid_request_error"
+
+
+def test_half_sent_headers_do_not_hold_a_connection(impatient):
+    _, closed_after = raw_exchange(impatient.url, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+    assert closed_after < 3
+    # Also on a kept-alive connection, whose idle timer stops at the first byte of the next request.
+    reply, closed_after = raw_exchange(impatient.url, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\nGET /hea")
+    assert reply.startswith(b"HTTP/1.1 200") and closed_after < 3
+
+
+def test_a_trickled_body_gets_a_408(impatient):
+    reply, closed_after = raw_exchange(impatient.url, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                                                      b"Content-Type: application/json\r\nContent-Length: 100\r\n"
+                                                      b"\r\n{\"model\": ")
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408") and closed_after < 3
+    assert json.loads(body)["error"]["code"] == "request_timeout"
+
+
+def test_the_deadlines_leave_long_answers_and_kept_alive_connections_alone(impatient):
+    with httpx.Client(base_url=impatient.url, timeout=30) as http:
+        for _ in range(2):  # one connection: the second request comes after the first answer
+            t0 = time.monotonic()
+            r = http.post("/v1/completions", json={"model": MODEL, "prompt": "ab", "max_tokens": 20,
+                                                   "ignore_eos": True})
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 20
+            assert time.monotonic() - t0 > 0.5  # longer than either deadline
+        with http.stream("POST", "/v1/completions", json={
+                "model": MODEL, "prompt": "ab", "max_tokens": 20, "ignore_eos": True, "stream": True,
+                "stream_options": {"include_usage": True}}) as stream:
+            events = [line for line in stream.iter_lines() if line]
+    assert events[-1] == "data: [DONE]" and json.loads(events[-2][6:])["usage"]["completion_tokens"] == 20
+
+
+# ---------------------------------------------------------------------- the event loop stays free
+def test_a_huge_prediction_never_holds_the_event_loop(start_server):
+    live = start_server(make_engine(step_delay_s=0.02, draft_model=False))
+    with httpx.Client(base_url=live.url, timeout=60) as http, http.stream(
+            "POST", "/v1/completions", json={"model": MODEL, "prompt": "ab", "max_tokens": 2000, "ignore_eos": True,
+                                             "stream": True}) as running:
+        lines = running.iter_lines()
+        next(lines)  # another client's stream is running
+        body = json.dumps({"model": MODEL, "prompt": "ab", "max_tokens": 2, "prediction": {
+            "type": "content", "content": "abcdefgh" * (12 * 1024 * 1024 // 8)}}).encode()  # 12 MB
+        answers = []
+        sent = threading.Thread(target=lambda: answers.append(httpx.post(
+            f"{live.url}/v1/completions", content=body, headers={"content-type": "application/json"}, timeout=60)))
+        sent.start()
+        slowest, queued, deadline = 0.0, False, time.monotonic() + 30
+        while not queued and time.monotonic() < deadline:  # until it waits for the slot: read, parsed, tokenised
+            t0 = time.monotonic()
+            queued = http.get("/health").json()["queue_length"] == 1
+            slowest = max(slowest, time.monotonic() - t0)
+            time.sleep(0.02)
+    sent.join(30)
+    assert queued and answers[0].status_code == 200
+    assert slowest < 1.0, f"/health took {slowest:.2f} s"

@@ -12,36 +12,40 @@ import dataclasses
 import json
 import time
 import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Callable, Sequence
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
-from draftwise.backends.base import BackendError
-from draftwise.constraints import Constraint, ConstraintError, llguidance_tokenizer
-from draftwise.engine import Engine, PromptTooLongError
+from draftwise.constraints import Constraint, llguidance_tokenizer
+from draftwise.engine import Engine
+from draftwise.errors import BackendError, ConfigError, ConstraintError, PromptTooLongError
 from draftwise.server import errors
 from draftwise.server import protocol as p
-from draftwise.server.errors import APIError
+from draftwise.server.errors import BODY_TIMEOUT_S, APIError
 from draftwise.server.metrics import ServerMetrics
 from draftwise.server.serving import MAX_QUEUE, Failed, Finished, Job, JobCancelled, Piece, ServerBusy, Serving
-from draftwise.types import ConfigError, SamplingParams, SpeculationConfig
+from draftwise.types import SamplingParams, SpeculationConfig
 
 DISCONNECT_POLL_S = 0.25
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions endpoint
 
-_ERROR_STATUSES = {status: {"model": p.ErrorResponse} for status in (400, 401, 404, 413, 500, 503)}
+_ERROR_STATUSES = {status: {"model": p.ErrorResponse} for status in (400, 401, 403, 404, 408, 413, 500, 503)}
 _STREAM_RESPONSE = {"content": {"text/event-stream": {"schema": {"type": "string"}}},
                     "description": "JSON, or server-sent events when `stream` is true."}
 
 
 def create_app(engine: Engine, model_name: str, api_key: str | None = None, *, api_keys: Sequence[str] = (),
-               log_content: bool = False, max_queue: int = MAX_QUEUE) -> FastAPI:
+               metrics_key: str | None = None, log_content: bool = False, max_queue: int = MAX_QUEUE,
+               body_timeout_s: float = BODY_TIMEOUT_S) -> FastAPI:
     """api_key / api_keys: bearer keys, one per tenant (a tenant never learns how much of its prompt
-    another tenant's request left in the cache). log_content: let error logs quote requests.
-    An engine whose target has several slots decodes that many requests together; max_queue
-    more may wait (then 503)."""
+    another tenant's request left in the cache). metrics_key: the operator's key for /metrics, which
+    counts every tenant's requests; without it, a server of several tenants keeps /metrics closed.
+    log_content: let error logs quote requests. body_timeout_s: a request body must have arrived
+    this long after its headers (then 408). An engine whose target has several slots decodes that
+    many requests together; max_queue more may wait (then 503)."""
     keys = tuple(dict.fromkeys([*([api_key] if api_key else []), *api_keys]))
     metrics = ServerMetrics()
     serving = Serving(engine, metrics, max_queue=max_queue)
@@ -56,42 +60,29 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, *, a
     app = FastAPI(title="draftwise", summary="OpenAI-compatible server for lossless speculative decoding.",
                   lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.serving = serving
-    errors.install(app, metrics, keys, log_content=log_content)
+    errors.install(app, metrics, keys, metrics_key=metrics_key, log_content=log_content, body_timeout_s=body_timeout_s)
     created = int(time.time())
 
     def count(error: APIError) -> None:
         metrics.observe_error(error.status, error.type)
 
     async def start(body: p._GenerationRequest, request: Request, endpoint: str, prefix: str, *,
-                    prompt: str | None = None, messages: list[dict] | None = None,
-                    prompt_ids: list[int] | None = None, max_tokens: int | None = None,
+                    prompt: Any = None, messages: list[dict] | None = None, max_tokens: int | None = None,
                     default_max_tokens: int | None = None) -> Job:
-        """Validate, tokenise and queue a request; library errors become 4xx APIErrors."""
+        """Validate, tokenise and queue a request; library errors become 4xx APIErrors.
+
+        NOTE: everything that grows with the request (tokenising the prompt and the prediction,
+        compiling the constraint) runs in a worker thread: on the event loop, one 12 MB
+        prediction held every other client (and /health) for 37 s.
+        """
         _check_request(body, model_name)
         param = "messages" if messages is not None else "prompt"
         try:
-            if prompt_ids is None:
-                prompt_ids = await asyncio.to_thread(serving.encode, prompt, messages)
-            constraint = _constraint(body)
-            if constraint is not None:  # the model's tokenizer adapter: built once, off the event loop
-                await asyncio.to_thread(llguidance_tokenizer, engine.target)
-            n_ctx = engine.target.n_ctx
-            if max_tokens is not None and len(prompt_ids) + max_tokens > n_ctx:
-                # As OpenAI does: a request that cannot be honoured in full is refused, not cut short.
-                raise APIError(400, f"this model's context holds {n_ctx} tokens, but {len(prompt_ids) + max_tokens} "
-                               f"were requested ({len(prompt_ids)} in the prompt, {max_tokens} to generate); "
-                               "lower max_tokens or shorten the prompt",
-                               param="max_completion_tokens" if "max_completion_tokens" in body.model_fields_set
-                               else "max_tokens", code="context_length_exceeded")
-            # With no max_tokens a chat request may fill the context, as OpenAI's does.
-            limit = max_tokens or min(default_max_tokens or n_ctx, max(1, n_ctx - len(prompt_ids)))
-            sampling = _sampling(body, limit, constraint)
-            speculation, drafters = _speculation(body, engine.speculation)
-            tenant = request.scope.get("state", {}).get("tenant")
-            prediction = _prediction(body)
-            return serving.submit(Job(f"{prefix}-{uuid.uuid4().hex[:24]}", endpoint, prompt_ids, tenant=tenant,
-                                      predicted=prediction is not None),
-                                  sampling, speculation, drafters, prediction)
+            prepared = await asyncio.to_thread(prepare, body, prompt, messages, max_tokens, default_max_tokens)
+            job = Job(f"{prefix}-{uuid.uuid4().hex[:24]}", endpoint, prepared.prompt_ids,
+                      tenant=request.scope.get("state", {}).get("tenant"), predicted=prepared.prediction is not None)
+            return await asyncio.to_thread(serving.submit, job, prepared.sampling, prepared.speculation,
+                                           prepared.drafters, prepared.prediction)
         except UnicodeEncodeError as exc:  # a lone surrogate ("\udfff") is not text a tokenizer can take
             raise APIError(400, f"the request holds U+{ord(exc.object[exc.start]):04X}, a lone surrogate, which "
                            "is not valid Unicode text", param=param, code="invalid_value") from None
@@ -110,6 +101,28 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, *, a
                 raise APIError(400, f"the chat template rejected the messages: {exc}", param="messages",
                                code="invalid_prompt") from None
             raise
+
+    def prepare(body: p._GenerationRequest, prompt: Any, messages: list[dict] | None, max_tokens: int | None,
+                default_max_tokens: int | None) -> _Prepared:
+        """The request as engine values (worker thread): prompt ids, sampling, speculation."""
+        text, prompt_ids = (None, None) if messages is not None else _single_prompt(prompt, engine.target.vocab_size)
+        if prompt_ids is None:
+            prompt_ids = serving.encode(text, messages)
+        constraint = _constraint(body)
+        if constraint is not None:  # the model's tokenizer adapter, built once
+            llguidance_tokenizer(engine.target)
+        n_ctx = engine.target.n_ctx
+        if max_tokens is not None and len(prompt_ids) + max_tokens > n_ctx:
+            # As OpenAI does: a request that cannot be honoured in full is refused, not cut short.
+            raise APIError(400, f"this model's context holds {n_ctx} tokens, but {len(prompt_ids) + max_tokens} "
+                           f"were requested ({len(prompt_ids)} in the prompt, {max_tokens} to generate); "
+                           "lower max_tokens or shorten the prompt",
+                           param="max_completion_tokens" if "max_completion_tokens" in body.model_fields_set
+                           else "max_tokens", code="context_length_exceeded")
+        # With no max_tokens a chat request may fill the context, as OpenAI's does.
+        limit = max_tokens or min(default_max_tokens or n_ctx, max(1, n_ctx - len(prompt_ids)))
+        speculation, drafters = _speculation(body, engine.speculation)
+        return _Prepared(prompt_ids, _sampling(body, limit, constraint), speculation, drafters, _prediction(body))
 
     async def stream_or_collect(job: Job, body: p._GenerationRequest, request: Request, *, opening: str | None,
                           text_chunk: Callable[[str], str], final_chunk: Callable[[str | None], str],
@@ -163,9 +176,8 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, *, a
     @app.post("/v1/completions", response_model=p.Completion, tags=["openai"],
               responses={200: _STREAM_RESPONSE, **_ERROR_STATUSES})
     async def completions(body: p.CompletionRequest, request: Request):
-        prompt, prompt_ids = _single_prompt(body.prompt, engine.target.vocab_size)
-        job = await start(body, request, "completions", "cmpl", prompt=prompt, prompt_ids=prompt_ids,
-                          max_tokens=body.max_tokens, default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS)
+        job = await start(body, request, "completions", "cmpl", prompt=body.prompt, max_tokens=body.max_tokens,
+                          default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS)
         now, with_usage = int(time.time()), bool(body.stream_options and body.stream_options.include_usage)
 
         def chunk(text: str | None, finish: str | None = None, usage: p.Usage | None = None) -> str:
@@ -196,8 +208,10 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, *, a
         return p.Health(model=model_name, queue_length=serving.queue_length, running=bool(serving.running),
                         slots=engine.num_slots, active=len(serving.running))
 
-    @app.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}},
-             description="Prometheus text format.")
+    @app.get("/metrics", response_class=Response,
+             responses={200: {"content": {"text/plain": {}}}, **{s: _ERROR_STATUSES[s] for s in (401, 403)}},
+             description="Prometheus text format, every tenant's requests together: with several API keys "
+                         "it answers the metrics key only.")
     async def prometheus() -> Response:
         return Response(metrics.render(), headers={"Content-Type": metrics.content_type})
 
@@ -205,6 +219,17 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, *, a
 
 
 # ---------------------------------------------------------------------- request -> engine values
+@dataclasses.dataclass(frozen=True)
+class _Prepared:
+    """A request as the engine takes it (Serving.submit's arguments)."""
+
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    speculation: SpeculationConfig | None
+    drafters: list[str] | None
+    prediction: str | None
+
+
 def _check_request(body: p._GenerationRequest, model_name: str) -> None:
     if body.model != model_name:
         raise APIError(404, f"the model {body.model!r} does not exist; this server serves {model_name!r}",
@@ -306,11 +331,19 @@ def _single_prompt(prompt, vocab_size: int) -> tuple[str | None, list[int] | Non
 
 
 # ---------------------------------------------------------------------- engine results -> responses
+# Figures that grow with the prompt work a cache saved: the target's prefill, and the draft
+# model's catch-up at its first proposal (inside decode and draft time).
+_CACHE_TIMINGS = ("prefill_ms", "decode_ms", "draft_ms", "tokens_per_second", "tokens_per_second_e2e")
+
+
 def _usage(done: Finished) -> p.Usage:
     s = done.result.stats
     speculative = s.to_dict()
-    if not done.cache_visible:  # the reused prefix came from another tenant's request: say nothing of it
-        speculative.update(num_reused_tokens=0, num_draft_reused_tokens=0)
+    if not done.cache_visible:
+        # The slot last served another tenant: whatever it reused came from that tenant's request, so
+        # neither the counts nor the times that would show it are told (null whether or not anything
+        # was reused, so the nulls themselves say nothing of the other's prompt).
+        speculative.update(num_reused_tokens=0, num_draft_reused_tokens=0, **dict.fromkeys(_CACHE_TIMINGS))
     details = None
     if done.predicted:
         accepted = s.accepted_by.get("prediction", 0)

@@ -9,7 +9,7 @@ running totals, so they describe the server's whole life, not the last request.
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -45,14 +45,14 @@ class ServerMetrics:
         self.decode_seconds = Counter("draftwise_decode_seconds", "Time spent decoding (prefill excluded).",
                                       registry=r)
         self.prefill_seconds = Counter("draftwise_prefill_seconds", "Time spent on prompt prefill.", registry=r)
-        self.drafter_steps = Counter("draftwise_drafter_steps", "Steps by the drafter the policy chose ('none': plain).",
-                                     ["drafter"], registry=r)
+        self.drafter_steps = Counter("draftwise_drafter_steps",
+                                     "Steps by the drafter the policy chose ('none': plain).", ["drafter"], registry=r)
         self.k_steps = Counter("draftwise_planned_k_steps", "Steps by the draft length k the policy planned.",
                                ["k"], registry=r)
         self.acceptance_rate = Gauge("draftwise_acceptance_rate", "accepted / drafted over the server's life.",
                                      registry=r)
-        self.tokens_per_step = Gauge("draftwise_tokens_per_step", "committed tokens (EOS included) / steps over the server's life.",
-                                     registry=r)
+        self.tokens_per_step = Gauge("draftwise_tokens_per_step",
+                                     "committed tokens (EOS included) / steps over the server's life.", registry=r)
         self.tokens_per_second = Gauge("draftwise_tokens_per_second",
                                        "generated tokens / decode seconds over the server's life (prefill excluded).",
                                        registry=r)
@@ -68,7 +68,8 @@ class ServerMetrics:
         self.first_token_seconds = Histogram("draftwise_time_to_first_token_seconds",
                                              "Arrival to first streamed text.", buckets=LATENCY_BUCKETS, registry=r)
         self.queue_length = Gauge("draftwise_queue_length", "Requests waiting for the engine.", registry=r)
-        self.running = Gauge("draftwise_requests_running", "Requests the engine is working on (busy slots).", registry=r)
+        self.running = Gauge("draftwise_requests_running", "Requests the engine is working on (busy slots).",
+                             registry=r)
         self.slots_total = Gauge("draftwise_slots", "Requests the engine can decode together (serve --parallel).",
                                  registry=r)
         self.batch_rows = Histogram("draftwise_batch_rows", "Target rows per batched forward (draft + prompt chunks).",

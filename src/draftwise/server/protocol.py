@@ -156,7 +156,8 @@ class SpeculativeUsage(BaseModel):
     num_prompt_tokens: int
     num_reused_tokens: int = Field(description="Prompt tokens whose target KV entries came from the last request.")
     num_draft_reused_tokens: int = Field(
-        0, description="Prompt tokens the draft model's KV cache already held when it first drafted (0 if it never did).")
+        0, description="Prompt tokens the draft model's KV cache already held when it first drafted "
+                       "(0 if it never did).")
     num_generated: int
     num_drafted: int
     num_accepted: int
@@ -165,8 +166,12 @@ class SpeculativeUsage(BaseModel):
     mean_accepted_tokens: float
     tokens_per_step: float
     accepted_per_position: list[float]
-    tokens_per_second: float = Field(description="Generated tokens over decode time (prefill excluded).")
-    tokens_per_second_e2e: float = Field(description="Generated tokens over prefill + decode time.")
+    # None (with prefill_ms, decode_ms and draft_ms) when the slot last served another tenant:
+    # those times would show how much of that tenant's prompt this request reused.
+    tokens_per_second: float | None = Field(description="Generated tokens over decode time (prefill excluded); "
+                                                        "null after another tenant's request.")
+    tokens_per_second_e2e: float | None = Field(description="Generated tokens over prefill + decode time; "
+                                                            "null after another tenant's request.")
     finish_reason: str
 
 
