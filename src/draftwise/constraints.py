@@ -5,6 +5,7 @@ llguidance against the target's vocabulary (the tokenizer adapter is built once 
 The reference distribution is: mask the target logits with the grammar, then apply the
 sampling transforms, then sample; greedy is the argmax of the masked logits. The engine
 advances the Grammar along a draft for its k+1 masks and keeps it at the committed tokens.
+A lazy constraint (tool calls) is a LazyGrammar: free text until a trigger, a Grammar after it.
 """
 
 from __future__ import annotations
@@ -82,10 +83,21 @@ def lltokenizer_from_pieces(tokens: Sequence[bytes], *, eos_token_id: int, speci
     return llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Vocab()), n_vocab=n_vocab)
 
 
-def compile_constraint(constraint: Constraint, backend) -> Grammar:
-    """A fresh Grammar for one request. Raises ConstraintError with llguidance's message."""
+def compile_constraint(constraint: Constraint, backend) -> Grammar | LazyGrammar:
+    """A fresh Grammar for one request (a LazyGrammar for a constraint with a trigger). Raises
+    ConstraintError with llguidance's message."""
     import llguidance
 
+    if constraint.trigger:
+        trigger_ids = backend.tokenizer.encode(constraint.trigger, add_special=False, parse_special=True)
+        if not trigger_ids:
+            raise ConstraintError(f"the trigger {constraint.trigger!r} has no tokens in this vocabulary")
+        inner = None
+        if constraint.kind != "text":
+            inner = compile_constraint(Constraint(constraint.kind, constraint.source), backend)
+            inner.check_start()
+        eos = inner.eos_token_ids if inner is not None else llguidance_tokenizer(backend).eos_tokens
+        return LazyGrammar(trigger_ids, inner, backend.vocab_size, eos_token_ids=eos)
     grammar = grammar_definition(constraint)
     tokenizer = llguidance_tokenizer(backend)
     matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
@@ -208,6 +220,116 @@ class Grammar:
         """The canonical tokens of the bytes the grammar forces from here (may still need a
         target decision: other tokenisations of those bytes can be allowed), at most limit."""
         return [int(t) for t in self._matcher.compute_ff_tokens()[:limit]]
+
+
+class LazyGrammar:
+    """Free text until the trigger tokens, then `inner` from the token after them to the end
+    (llama.cpp's lazy grammars; the trigger here is a token sequence, the canonical tokens of
+    the trigger text, e.g. Qwen's single "<tool_call>" token). inner None: the trigger is
+    forbidden (its last token is masked where it would complete it), the rest is free.
+
+    The same interface as Grammar. Every row's mask is a function of the tokens before it, so
+    a draft window that crosses the trigger gets free rows up to the trigger's last token and
+    the inner grammar's rows after it (the bonus row included): masks() walks the draft.
+    Example (trigger "#", inner "(" [a-c]+ ")"): rows for draft "x#(" are free, free, "(" only, [a-c].
+    """
+
+    def __init__(self, trigger_ids: Sequence[int], inner: Grammar | None, vocab_size: int, *,
+                 eos_token_ids: Sequence[int] = (), tail: tuple[int, ...] = (), active: Grammar | None = None) -> None:
+        self.trigger = tuple(int(t) for t in trigger_ids)
+        self._start = inner  # at its start state; never consumes (forked when the trigger fires)
+        self._active = active  # the inner grammar once triggered, at the committed tokens
+        self._tail = tail  # the last len(trigger) - 1 committed tokens while not triggered
+        self.vocab_size = vocab_size
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        self._free: np.ndarray | None = None  # the free row [V], made once
+
+    # -- state
+    @property
+    def triggered(self) -> bool:
+        return self._active is not None
+
+    def fork(self) -> LazyGrammar:
+        return LazyGrammar(self.trigger, self._start.fork() if self._start is not None else None, self.vocab_size,
+                           eos_token_ids=self.eos_token_ids, tail=self._tail,
+                           active=self._active.fork() if self._active is not None else None)
+
+    def _fires(self, tail: tuple[int, ...], token: int) -> tuple[bool, tuple[int, ...]]:
+        """Whether token completes the trigger after tail, and the tail after token."""
+        seen = (*tail, int(token))
+        n = len(self.trigger)
+        return seen[-n:] == self.trigger, seen[len(seen) - (n - 1):] if n > 1 else ()
+
+    def _free_row(self, tail: tuple[int, ...]) -> np.ndarray:
+        if self._free is None:
+            self._free = np.ones(self.vocab_size, dtype=bool)
+        if self._start is None and tail == self.trigger[:-1]:
+            row = self._free.copy()
+            row[self.trigger[-1]] = False  # the trigger may not complete
+            return row
+        return self._free
+
+    # -- the Grammar interface
+    @property
+    def is_stopped(self) -> bool:
+        return self._active is not None and self._active.is_stopped
+
+    @property
+    def num_masks(self) -> int:
+        return sum(g.num_masks for g in (self._start, self._active) if g is not None)
+
+    @property
+    def mask_ms(self) -> float:
+        return sum(g.mask_ms for g in (self._start, self._active) if g is not None)
+
+    def allowed(self) -> np.ndarray:
+        return self._active.allowed() if self._active is not None else self._free_row(self._tail)
+
+    def masks(self, draft_ids: Sequence[int]) -> np.ndarray:
+        """allowed [len(draft_ids) + 1, V] at each verified row (see the class docstring)."""
+        if self._active is not None:
+            return self._active.masks(draft_ids)
+        rows, tail = [self._free_row(self._tail)], self._tail
+        for i, token in enumerate(draft_ids):
+            fired, tail = self._fires(tail, token)
+            if fired:  # the rest of the window (and the bonus row) is the inner grammar's
+                assert self._start is not None, "a forbidden trigger in a draft (valid_prefix cuts it)"
+                return np.concatenate([np.stack(rows), self._start.masks(draft_ids[i + 1:])])
+            rows.append(self._free_row(tail))
+        return np.stack(rows)
+
+    def valid_prefix(self, token_ids: Sequence[int]) -> int:
+        if self._active is not None:
+            return self._active.valid_prefix(token_ids)
+        tail = self._tail
+        for i, token in enumerate(token_ids):
+            fired, tail = self._fires(tail, token)
+            if fired:
+                if self._start is None:
+                    return i
+                return i + 1 + self._start.valid_prefix(token_ids[i + 1:])
+        return len(token_ids)
+
+    def consume(self, token_ids: Sequence[int]) -> None:
+        for i, token in enumerate(token_ids):
+            if self._active is not None:
+                self._active.consume(token_ids[i:])
+                return
+            fired, self._tail = self._fires(self._tail, token)
+            if fired:
+                if self._start is None:
+                    raise ConstraintError(f"token {token} completes the forbidden trigger")
+                self._active, self._tail = self._start.fork(), ()
+
+    def forced(self, limit: int) -> list[int]:
+        return self._active.forced(limit) if self._active is not None else []
+
+    def fast_forward(self, limit: int) -> list[int]:
+        return self._active.fast_forward(limit) if self._active is not None else []
+
+    def check_start(self) -> None:
+        if self._start is not None:
+            self._start.check_start()
 
 
 def masked(logits: np.ndarray, allowed: np.ndarray) -> np.ndarray:

@@ -23,7 +23,7 @@ def _check(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
-CONSTRAINT_KINDS = ("json_schema", "json_object", "regex", "grammar")
+CONSTRAINT_KINDS = ("json_schema", "json_object", "regex", "grammar", "text")
 
 
 @dataclass(frozen=True)
@@ -31,16 +31,25 @@ class Constraint:
     """What a request's output must match. source: the schema as JSON text, the regex, or the
     grammar text (Lark, or llama.cpp GBNF, told apart by llguidance); empty for json_object.
 
+    trigger (lazy constraints, as for tool calls): the answer is free text until the trigger's
+    tokens appear, and the constraint holds from the token after them to the end. Kind "text"
+    with a trigger is free text in which the trigger never appears (tool_choice "none").
+
     Example: Constraint.json_schema({"type": "object", "properties": {"a": {"type": "integer"}}}).
+    Example: Constraint.lazy(Constraint.grammar('start: "(" /[a-c]+/ ")"'), "#") allows
+    "any text#(ab)" and "any text" but not "any text#x".
     """
 
     kind: str
     source: str = ""
+    trigger: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in CONSTRAINT_KINDS:
             raise ConfigError(f"constraint kind must be one of {', '.join(CONSTRAINT_KINDS)}, got {self.kind!r}")
-        if self.kind != "json_object" and not self.source.strip():
+        if self.kind == "text" and not self.trigger:
+            raise ConfigError("a text constraint needs a trigger (the text it never holds)")
+        if self.kind not in ("json_object", "text") and not self.source.strip():
             raise ConstraintError(f"the {self.kind.replace('_', ' ')} is empty")
         if self.kind == "json_schema":
             try:
@@ -66,6 +75,18 @@ class Constraint:
     def grammar(cls, text: str) -> Constraint:
         return cls("grammar", text)
 
+    @classmethod
+    def lazy(cls, constraint: Constraint, trigger: str) -> Constraint:
+        """constraint, holding only after trigger (free text before it)."""
+        if not trigger:
+            raise ConfigError("a lazy constraint needs a non-empty trigger")
+        return cls(constraint.kind, constraint.source, trigger)
+
+    @classmethod
+    def without(cls, trigger: str) -> Constraint:
+        """Free text that never holds trigger (its tokens)."""
+        return cls("text", "", trigger)
+
     @property
     def schema(self) -> Any:
         """The JSON schema this constraint stands for (json_object: any object), else None."""
@@ -80,6 +101,15 @@ class SamplingParams:
 
     temperature 0 means greedy (argmax). top_k 0 and top_p 1.0 and min_p 0.0 disable
     those filters. Filters apply in the order temperature -> top-k -> top-p -> min-p.
+
+    Logit adjustments, before the grammar mask and the filters (sampling.adjusted, in this
+    order): logit_bias ((token id, bias) pairs, OpenAI's -100..100, added), repeat_penalty
+    (llama.cpp: over the last repeat_last_n tokens of prompt + output, -1 all of them, a
+    positive logit divided by it, a negative one multiplied; 1.0 disables it), then OpenAI's
+    presence_penalty (subtracted once from every token the output holds) and frequency_penalty
+    (subtracted per occurrence), counted over generated tokens only, as OpenAI and vLLM do.
+    logprobs: report each generated token's logprob with that many alternatives (0..20; None:
+    none); prompt_logprobs: the same for the prompt's tokens (completions' echo).
     """
 
     temperature: float = 0.0
@@ -93,13 +123,33 @@ class SamplingParams:
     # Structured output (a Constraint): the target's logits are masked by its
     # grammar before the transforms above. A constrained answer ends with its grammar.
     constraint: Constraint | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64  # llama.cpp's default
+    logit_bias: tuple[tuple[int, float], ...] = ()  # a dict {token id: bias} is accepted too
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         _check(self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}")
         _check(self.top_k >= 0, f"top_k must be >= 0 (0 disables it), got {self.top_k}")
         _check(0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}")
         _check(0 <= self.min_p < 1, f"min_p must be in [0, 1), got {self.min_p}")
-        _check(self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}")
+        _check(self.max_tokens >= 0, f"max_tokens must be >= 0, got {self.max_tokens}")
+        _check(-2 <= self.presence_penalty <= 2, f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
+        _check(-2 <= self.frequency_penalty <= 2,
+               f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
+        _check(self.repeat_penalty > 0, f"repeat_penalty must be > 0 (1 disables it), got {self.repeat_penalty}")
+        _check(self.repeat_last_n >= -1, f"repeat_last_n must be >= -1 (-1: the whole context), got {self.repeat_last_n}")
+        bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
+        bias = tuple(sorted((int(t), float(b)) for t, b in bias))
+        _check(all(t >= 0 and -100 <= b <= 100 for t, b in bias),
+               "logit_bias maps token ids (>= 0) to biases in [-100, 100]")
+        object.__setattr__(self, "logit_bias", bias)
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            _check(value is None or 0 <= value <= 20, f"{name} must be in [0, 20], got {value}")
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         else:
@@ -109,6 +159,12 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether logit_bias or a penalty changes the logits (each row then needs its history)."""
+        return bool(self.logit_bias or self.presence_penalty or self.frequency_penalty
+                    or (self.repeat_penalty != 1.0 and self.repeat_last_n != 0))
 
 
 POLICIES = ("auto", "fixed", "heuristic")
