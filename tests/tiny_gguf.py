@@ -1,6 +1,8 @@
 """Write tiny random GGUF models (llama architecture, byte-level gpt2 vocabulary) for tests.
 
-vocab 258 (256 bytes + <s> + </s>), n_embd 64, 2 layers: writes and loads in milliseconds.
+vocab 258 (256 bytes + <s> + </s>; with fim=True six more, Qwen2.5-Coder's fill-in-the-middle
+control tokens, with no tokenizer.ggml.fim_* metadata, as in its GGUF), n_embd 64, 2 layers:
+writes and loads in milliseconds.
 Tensors are given as (out, in) numpy arrays; the gguf writer reverses them to ggml order.
 """
 
@@ -12,13 +14,16 @@ import numpy as np
 
 from tiny_qwen2 import byte_chars
 
+FIM_TOKENS = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"]
+
 
 def write_tiny_gguf(path: Path, *, seed: int = 0, n_embd: int = 64, n_layers: int = 2, n_ff: int = 128,
-                    n_head: int = 4, n_head_kv: int = 2, scale: float = 0.3, chat_template: str | None = None) -> Path:
+                    n_head: int = 4, n_head_kv: int = 2, scale: float = 0.3, chat_template: str | None = None,
+                    fim: bool = False) -> Path:
     import gguf
 
     rng = np.random.default_rng(seed)
-    tokens = byte_chars() + ["<s>", "</s>"]
+    tokens = byte_chars() + ["<s>", "</s>"] + (FIM_TOKENS if fim else [])
     vocab = len(tokens)
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_context_length(512)
@@ -33,7 +38,7 @@ def write_tiny_gguf(path: Path, *, seed: int = 0, n_embd: int = 64, n_layers: in
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
     writer.add_token_list(tokens)
-    writer.add_token_types([1] * 256 + [3, 3])
+    writer.add_token_types([1] * 256 + [3] * (vocab - 256))
     writer.add_token_merges(["Ġ Ġ"])  # at least one merge, or the writer drops the list
     writer.add_bos_token_id(256)
     writer.add_eos_token_id(257)

@@ -27,6 +27,9 @@ from draftwise.request import Generation, Request, Result, Slot, StreamDecoder, 
 from draftwise.sampling import make_rng
 from draftwise.types import SamplingParams, SpeculationConfig
 
+# Characters of a prediction tokenised per token of context it may fill (see Engine.stream).
+PREDICTION_CHARS_PER_TOKEN = 64
+
 __all__ = ["Engine", "Generation", "PromptTooLongError", "Result", "TokenizerMismatchError", "check_tokenizers"]
 
 
@@ -132,7 +135,11 @@ class Engine:
         speculation = speculation or self.speculation
         if prediction:
             utf8(prediction)
-            speculation = replace(speculation, prediction=self.tokenizer.encode(prediction, add_special=False))
+            # Only what fits the context can be drafted from: tokenise that much (a token is far
+            # shorter than PREDICTION_CHARS_PER_TOKEN characters), so a huge text costs nothing.
+            n_ctx = self.target.n_ctx
+            ids = self.tokenizer.encode(prediction[: n_ctx * PREDICTION_CHARS_PER_TOKEN], add_special=False)
+            speculation = replace(speculation, prediction=ids[:n_ctx])
         if not prompt_ids:
             raise ConfigError("the prompt is empty after tokenisation")
         if len(prompt_ids) >= self.target.n_ctx:

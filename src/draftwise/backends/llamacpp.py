@@ -59,6 +59,15 @@ class LlamaCppTokenizer:
                 self.token_text(t) for t in range(n_tokens) if c.llama_vocab_get_attr(self._vocab, t) & parsed)
         return self._control_texts
 
+    def fim_token_ids(self) -> dict[str, int]:
+        """The vocabulary's fill-in-the-middle tokens by role (draftwise.fim): llama.cpp reads them
+        from `tokenizer.ggml.fim_*` metadata or, without it, finds them by their texts."""
+        c, vocab = self._c, self._vocab
+        found = {"prefix": c.llama_vocab_fim_pre(vocab), "suffix": c.llama_vocab_fim_suf(vocab),
+                 "middle": c.llama_vocab_fim_mid(vocab), "pad": c.llama_vocab_fim_pad(vocab),
+                 "repo": c.llama_vocab_fim_rep(vocab), "file_sep": c.llama_vocab_fim_sep(vocab)}
+        return {role: token for role, token in found.items() if token >= 0}
+
     def decode(self, ids: Sequence[int]) -> str:
         return self._llm.detokenize(list(ids)).decode("utf-8", errors="replace")
 

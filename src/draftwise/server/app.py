@@ -22,7 +22,8 @@ from fastapi.responses import Response, StreamingResponse
 from draftwise.constraints import Constraint, llguidance_tokenizer
 from draftwise.engine import Engine
 from draftwise.errors import BackendError, ConfigError, ConstraintError, PromptTooLongError
-from draftwise.server import errors
+from draftwise.fim import FimUnsupportedError, fim_prompt
+from draftwise.server import errors, infill
 from draftwise.server import protocol as p
 from draftwise.server.errors import BODY_TIMEOUT_S, APIError
 from draftwise.server.metrics import ServerMetrics
@@ -106,7 +107,10 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, *, a
                 default_max_tokens: int | None) -> _Prepared:
         """The request as engine values (worker thread): prompt ids, sampling, speculation."""
         text, prompt_ids = (None, None) if messages is not None else _single_prompt(prompt, engine.target.vocab_size)
-        if prompt_ids is None:
+        suffix = getattr(body, "suffix", None)
+        if suffix:  # fill in the middle: the prompt is the text before the gap, the suffix the text after
+            prompt_ids = _fim_ids(engine, text, suffix)
+        elif prompt_ids is None:
             prompt_ids = serving.encode(text, messages)
         constraint = _constraint(body)
         if constraint is not None:  # the model's tokenizer adapter, built once
@@ -192,6 +196,8 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, *, a
         return await stream_or_collect(
             job, body, request, opening=None, text_chunk=chunk, final_chunk=lambda finish: chunk("", finish),
             usage_chunk=lambda usage: chunk(None, usage=usage), whole=whole)
+
+    infill.install(app, serving, model_name, count=count, speculation=_speculation, job_events=_job_events)
 
     @app.get("/v1/models", response_model=p.ModelList, tags=["openai"], responses=_ERROR_STATUSES)
     async def list_models() -> p.ModelList:
@@ -312,6 +318,17 @@ def _message_dict(index: int, message: p.ChatMessage) -> dict[str, Any]:
         content = "".join(part.text or "" for part in content)
     # Chat templates know system/user/assistant/tool; OpenAI's newer "developer" is a system message.
     return {"role": "system" if message.role == "developer" else message.role, "content": content or ""}
+
+
+def _fim_ids(engine: Engine, prefix: str | None, suffix: str) -> list[int]:
+    """A /v1/completions prompt with a suffix: the model's single-file fill-in-the-middle prompt."""
+    if prefix is None:
+        raise APIError(400, "a prompt given as token ids cannot take a suffix; send the text", param="prompt",
+                       code="invalid_value")
+    try:
+        return fim_prompt(engine.tokenizer, prefix, suffix, repo_level=False).ids
+    except FimUnsupportedError as exc:
+        raise APIError(400, str(exc), param="suffix", code="fim_unsupported") from None
 
 
 def _single_prompt(prompt, vocab_size: int) -> tuple[str | None, list[int] | None]:

@@ -132,7 +132,8 @@ class CompletionRequest(_GenerationRequest):
     prompt: str | TokenIds | Annotated[list[str], Field(min_length=1)] | Annotated[list[TokenIds], Field(min_length=1)]
     logprobs: int | None = Field(None, description="Not supported.")
     echo: bool | None = Field(None, description="Not supported.")
-    suffix: str | None = Field(None, description="Not supported.")
+    suffix: str | None = Field(None, description="Text after the completion: fill in the middle with the model's "
+                                                 "FIM tokens (a model without them answers 400).")
     best_of: int | None = Field(None, description="Only 1 is supported.")
 
     def unsupported(self) -> str | None:
@@ -140,8 +141,6 @@ class CompletionRequest(_GenerationRequest):
             return "logprobs"
         if self.echo:
             return "echo"
-        if self.suffix:
-            return "suffix"
         if self.best_of not in (None, 1):
             return "best_of"
         return super().unsupported()

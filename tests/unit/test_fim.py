@@ -1,0 +1,109 @@
+"""Fill-in-the-middle prompts (draftwise.fim) and /infill's pure pieces (sampling map, indentation
+cut, response_fields), on the toy tokenizer and a tiny GGUF with Qwen2.5-Coder's FIM tokens."""
+
+from __future__ import annotations
+
+import pytest
+
+from draftwise.backends.toy import CharTokenizer
+from draftwise.fim import FimBudget, FimUnsupportedError, fim_prompt, fim_tokens, require_fim_tokens
+from draftwise.server.infill import InfillRequest, _pick, indent_cut, infill_sampling
+
+
+@pytest.fixture(scope="module")
+def fim_tokenizer(tmp_path_factory):
+    from draftwise.backends.llamacpp import LlamaCppBackend
+    from tiny_gguf import write_tiny_gguf
+
+    path = write_tiny_gguf(tmp_path_factory.mktemp("fim") / "fim.gguf", fim=True)
+    backend = LlamaCppBackend(path, n_ctx=512, n_threads=1)
+    yield backend.tokenizer
+    backend.close()
+
+
+def texts(tokenizer, ids):
+    return "".join(tokenizer.token_text(i) if i >= 256 else tokenizer.decode([i]) for i in ids)
+
+
+def test_a_model_without_fim_tokens_is_refused():
+    tokenizer = CharTokenizer(40)
+    assert fim_tokens(tokenizer) is None
+    with pytest.raises(FimUnsupportedError, match="fill-in-the-middle"):
+        fim_prompt(tokenizer, "a", "b")
+
+
+def test_tokens_come_from_llamacpp_vocabulary_without_metadata(fim_tokenizer):
+    tokens = require_fim_tokens(fim_tokenizer)
+    assert (tokens.prefix, tokens.suffix, tokens.middle, tokens.pad, tokens.repo, tokens.file_sep) == tuple(
+        range(258, 264))
+
+
+def test_tokens_found_by_text_when_the_tokenizer_does_not_say(fim_tokenizer):
+    class TextOnly:  # the same vocabulary, without fim_token_ids (as a transformers tokenizer)
+        encode, token_text = fim_tokenizer.encode, fim_tokenizer.token_text
+
+    assert fim_tokens(TextOnly()) == fim_tokens(fim_tokenizer)
+
+
+def test_single_file_prompt_is_prefix_suffix_middle(fim_tokenizer):
+    ids = fim_prompt(fim_tokenizer, "def f(", "):\n", repo_level=False).ids
+    assert texts(fim_tokenizer, ids) == "<|fim_prefix|>def f(<|fim_suffix|>):\n<|fim_middle|>"
+
+
+def test_repo_level_prompt_is_llamacpp_layout(fim_tokenizer):
+    ids = fim_prompt(fim_tokenizer, "x = ", "\n", prompt="y", extra=[("a.py", "y = 1\n"), ("", "z")]).ids
+    assert texts(fim_tokenizer, ids) == ("<|repo_name|>myproject\n<|file_sep|>a.py\ny = 1\n<|file_sep|>tmp\nz"
+                                         "<|file_sep|>filename\n<|fim_prefix|>x = y<|fim_suffix|>\n<|fim_middle|>")
+
+
+def test_code_holding_control_token_text_stays_text(fim_tokenizer):
+    ids = fim_prompt(fim_tokenizer, "s = '<|fim_middle|>'", "", repo_level=False).ids
+    assert ids.count(260) == 1 and ids[-1] == 260
+
+
+def test_budget_cuts_as_llamacpp(fim_tokenizer):
+    """batch 16: prefix keeps its last 12 tokens, suffix its first 4 - 2 - len(prompt)."""
+    built = fim_prompt(fim_tokenizer, "a" * 20, "b" * 20, prompt="c", repo_level=False, budget=FimBudget(batch=16))
+    assert texts(fim_tokenizer, built.ids) == "<|fim_prefix|>" + "a" * 12 + "c<|fim_suffix|>b<|fim_middle|>"
+    assert (built.num_prefix_dropped, built.num_suffix_dropped) == (8, 19)
+    extra = fim_prompt(fim_tokenizer, "", "", extra=[("f", "0123456789")], budget=FimBudget(n_ctx=530, n_predict=5))
+    # repo, separators and texts: 34 tokens; the context leaves 530 - 512 - 2 * 5 = 8, the last ones
+    assert extra.num_extra_dropped == 1 + len("myproject\n") + 1 + len("f\n") + 10 + 1 + len("filename\n") - 8
+
+
+@pytest.mark.parametrize("text, n_indent, cut", [
+    ("x\n    y\n  z", 4, len("x\n    y\n  ")),
+    ("x\n    y\n    z", 4, None),
+    ("  first line is never checked", 4, None),
+    ("x\n\tq", 2, len("x\n\t")),
+    ("x\n    ", 8, None),  # the line has not begun
+    ("x\n\ny", 1, len("x\n")),  # an empty line ends it, as in llama.cpp
+    ("x\ny", 0, None),
+])
+def test_indent_cut(text, n_indent, cut):
+    assert indent_cut(text, n_indent) == cut
+
+
+def body(**fields):
+    return InfillRequest(input_prefix="", input_suffix="", **fields)
+
+
+def test_sampling_follows_llamacpp_chain():
+    vim = infill_sampling(body(top_k=40, top_p=0.99, samplers=["top_k", "top_p", "infill"]), 8)
+    assert (vim.temperature, vim.top_k, vim.top_p, vim.min_p) == (1.0, 40, 0.99, 0.0)  # no temperature sampler
+    default = infill_sampling(body(), 8)
+    assert (default.temperature, default.top_k, default.top_p, default.min_p) == (0.8, 40, 0.95, 0.05)
+    assert infill_sampling(body(temperature=0.0, samplers=["temperature"]), 8).greedy
+
+
+@pytest.mark.parametrize("fields, bad", [
+    ({"repeat_penalty": 1.1}, "repeat_penalty"), ({"samplers": ["mirostat_v9"]}, "samplers"),
+    ({"grammar": "root ::= \"a\""}, "grammar"), ({"n_probs": 3}, "n_probs"),
+    ({"samplers": ["dry", "penalties", "infill"], "id_slot": 2, "n_keep": 4}, None),
+])
+def test_unsupported_fields(fields, bad):
+    assert body(**fields).unsupported() == bad
+
+
+def test_response_fields_pick_nested_values():
+    assert _pick({"a": {"b": 1}, "c": 2}, ["a/b", "c", "d", "a/x"]) == {"a/b": 1, "c": 2}
