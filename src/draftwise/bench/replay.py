@@ -31,7 +31,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from draftwise.backends.base import common_prefix_length
+from draftwise.backends.base import common_prefix_length, encode_chat
 from draftwise.bench.prompts import Prompt
 from draftwise.calibrate import CostCurve
 from draftwise.drafters.base import Drafter
@@ -107,7 +107,7 @@ def replay(prompts: Sequence[Prompt], answers: Mapping[tuple[int, int], str], to
             if answer is None:
                 break
             messages = [*history, {"role": "user", "content": text}]
-            prompt_ids = tokenizer.encode(tokenizer.apply_chat_template(messages), add_special=True)
+            prompt_ids = encode_chat(tokenizer, messages)
             answer_ids = tokenizer.encode(answer, add_special=False)
             history = [*messages, {"role": "assistant", "content": answer}]
             predicted = prompt.prediction_for(turn)

@@ -9,6 +9,7 @@ nearest first, marks where the output rejoined it. Until then it proposes nothin
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import defaultdict
 from typing import TYPE_CHECKING, Sequence
 
@@ -21,6 +22,9 @@ ANCHOR_MIN, ANCHOR_MAX = 2, 8  # n-gram lengths that can re-anchor the alignment
 # Score of a proposal: tokens matched in a row since the last (re)alignment, plus this much
 # at the start of the answer, where the prediction is the user's own statement of it.
 START_SCORE = 8
+# Occurrences of an anchor looked at per re-alignment (nearest first): bounds a step's work on a
+# prediction that repeats itself; the alignment only decides what is drafted, never the output.
+MAX_CANDIDATES = 4096
 
 
 class PredictionDrafter:
@@ -44,10 +48,11 @@ class PredictionDrafter:
 
     def begin(self, sampling: SamplingParams, speculation: SpeculationConfig) -> None:
         self.prediction = tuple(speculation.prediction)
+        # One index, of the shortest anchors: a longer anchor ends with one of them, so it is
+        # checked against the prediction itself (7 indexes cost seconds and GBs on long texts).
         index: dict[tuple[int, ...], list[int]] = defaultdict(list)
-        for n in range(ANCHOR_MIN, ANCHOR_MAX + 1):
-            for end in range(n, len(self.prediction) + 1):
-                index[self.prediction[end - n : end]].append(end)
+        for end in range(ANCHOR_MIN, len(self.prediction) + 1):
+            index[self.prediction[end - ANCHOR_MIN : end]].append(end)
         self._index = dict(index)
         self._seen, self._pos, self._floor, self._run = -1, 0, 0, START_SCORE
 
@@ -69,13 +74,17 @@ class PredictionDrafter:
     def _anchor(self, context: Sequence[int]) -> int | None:
         """Where the output rejoined the prediction: the end of the longest recent output n-gram
         found in the prediction at or after the last aligned point (nearest wins), or None."""
+        if len(context) < ANCHOR_MIN:
+            return None
+        ends = self._index.get(tuple(context[-ANCHOR_MIN:]), ())
         for n in range(min(ANCHOR_MAX, len(context)), ANCHOR_MIN - 1, -1):
-            ends = self._index.get(tuple(context[-n:]))
-            if ends:
-                ahead = [e for e in ends if e - n >= self._floor]
-                if ahead:
+            tail = tuple(context[-n:])
+            # ends ascend, so the first match at or after the floor is the nearest.
+            start = bisect_left(ends, self._floor + n)
+            for e in ends[start : start + MAX_CANDIDATES]:
+                if self.prediction[e - n : e] == tail:
                     self._run = n
-                    return min(ahead)
+                    return e
         return None
 
     def propose(self, context: Sequence[int], max_tokens: int, grammar: Grammar | None = None) -> Draft:

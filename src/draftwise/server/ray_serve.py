@@ -37,6 +37,7 @@ class ReplicaConfig:
     speculation: SpeculationConfig = SpeculationConfig()
     model_name: str | None = None  # default: the target's name
     api_keys: tuple[str, ...] = ()
+    metrics_key: str | None = None
     log_content: bool = False
     max_queue: int = MAX_QUEUE
     datastore: str | None = None
@@ -202,7 +203,7 @@ def _replica_class():
 
             config, engine = self._config, self._engine
             app = create_app(engine, config.model_name or engine.target.name, api_keys=config.api_keys,
-                             log_content=config.log_content, max_queue=config.max_queue)
+                             metrics_key=config.metrics_key, log_content=config.log_content, max_queue=config.max_queue)
             app.add_middleware(ReplicaHeader, replica=self._replica_id)
             return app
 

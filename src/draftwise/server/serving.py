@@ -113,6 +113,7 @@ class Serving:
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
+        self._submit_lock = threading.Lock()
         self._seq = itertools.count(1)
         self._closed = False
         self.running: dict[int, Job] = {}  # by slot
@@ -143,13 +144,14 @@ class Serving:
         # so calling it here checks the request without waiting for the engine.
         job.generation = self.engine.stream(prompt_ids=job.prompt_ids, sampling=sampling, speculation=speculation,
                                             cancelled=job.is_cancelled, drafters=drafters, prediction=prediction)
-        waiting = self._queue.qsize() - self.num_free_slots  # a free slot takes a queued job next
-        if waiting >= self.max_queue:
-            raise ServerBusy(f"the server is busy: {waiting} requests are waiting for "
-                             f"{self.engine.num_slots} slot(s); retry shortly")
-        job.seq = next(self._seq)
-        self._ensure_worker()
-        self._queue.put(job)
+        with self._submit_lock:  # submits run in worker threads: one bound check and put at a time
+            waiting = self._queue.qsize() - self.num_free_slots  # a free slot takes a queued job next
+            if waiting >= self.max_queue:
+                raise ServerBusy(f"the server is busy: {waiting} requests are waiting for "
+                                 f"{self.engine.num_slots} slot(s); retry shortly")
+            job.seq = next(self._seq)
+            self._ensure_worker()
+            self._queue.put(job)
         return job
 
     def close(self, timeout: float = 10.0) -> None:
