@@ -1,0 +1,181 @@
+"""/infill and /v1/completions with suffix through real HTTP: the bodies llama.vim and llama.vscode
+send (fixtures/infill_bodies.json), the warm-up, streaming as llama.cpp streams it, greedy answers
+equal with speculation on and off, a superseded request, and a model without FIM tokens.
+
+The FIM model is a tiny random GGUF holding Qwen2.5-Coder's FIM tokens (its answers are noise,
+but deterministic); the superseding test runs a slow toy whose tokenizer names FIM tokens."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from draftwise.backends.llamacpp import LlamaCppBackend
+from draftwise.backends.toy import ToyBackend, ToyModel
+from draftwise.drafters import NgramDrafter
+from draftwise.engine import Engine
+from draftwise.fim import fim_prompt
+from draftwise.types import SamplingParams, SpeculationConfig
+
+from .conftest import MODEL, LiveServer
+
+BODIES = json.loads((Path(__file__).parent / "fixtures" / "infill_bodies.json").read_text())
+GREEDY = {"samplers": ["temperature"], "temperature": 0.0}
+
+
+@pytest.fixture(scope="module")
+def fim_engine(tmp_path_factory):
+    from tiny_gguf import write_tiny_gguf
+
+    path = write_tiny_gguf(tmp_path_factory.mktemp("fim") / "fim.gguf", fim=True)
+    target = LlamaCppBackend(path, n_ctx=2048, n_threads=1)
+    yield Engine(target, [NgramDrafter(1, 3)], speculation=SpeculationConfig(policy="fixed", max_draft_tokens=4))
+    target.close()
+
+
+@pytest.fixture(scope="module")
+def fim_server(fim_engine):
+    with LiveServer(fim_engine) as live:
+        yield live
+
+
+def infill(server, body, **kwargs):
+    r = httpx.post(f"{server.url}/infill", json=body, timeout=60, **kwargs)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+@pytest.mark.parametrize("name", ["llama_vim", "llama_vscode"])
+def test_editor_bodies_get_the_fields_editors_read(fim_server, name):
+    body = BODIES[name]
+    answer = infill(fim_server, body)
+    if "response_fields" in body:  # llama.vscode names what it reads; nothing else comes back
+        assert set(answer) == set(body["response_fields"])
+        assert isinstance(answer["content"], str) and answer["timings/predicted_n"] >= 1
+        return
+    assert isinstance(answer["content"], str) and answer["stop"] is True
+    assert answer["stop_type"] in ("eos", "word", "limit") and answer["truncated"] is False
+    assert 1 <= answer["tokens_predicted"] <= body["n_predict"]
+    assert answer["generation_settings"]["n_ctx"] == 2048 and isinstance(answer["tokens_cached"], int)
+    timings = answer["timings"]
+    assert timings["prompt_n"] + timings["cache_n"] == answer["tokens_evaluated"]
+    assert timings["predicted_n"] == answer["tokens_predicted"] and timings["predicted_ms"] > 0
+
+
+@pytest.mark.parametrize("name", ["llama_vim_warmup", "llama_vim_warmup_n0"])
+def test_warmup_fills_the_cache_for_the_next_request(fim_server, name):
+    warm = infill(fim_server, BODIES[name])
+    if BODIES[name]["n_predict"] == 0:
+        assert warm["content"] == "" and warm["tokens_predicted"] == 0
+    # the next request shares the extra context: everything before the file's own text is reused
+    answer = infill(fim_server, {**BODIES["llama_vim"], "input_extra": BODIES[name]["input_extra"]})
+    header = len(fim_prompt(fim_server.engine.tokenizer, "", "", extra=[("stats.py", BODIES[name]["input_extra"][0]
+                                                                         ["text"])]).ids) - 3
+    assert answer["timings"]["cache_n"] >= header
+
+
+def test_stream_is_llamacpp_events_and_equals_the_whole_answer(fim_server):
+    body = {**BODIES["llama_vim"], **GREEDY, "n_indent": 0, "n_predict": 24}
+    whole = infill(fim_server, body)
+    events = []
+    with httpx.stream("POST", f"{fim_server.url}/infill", json={**body, "stream": True}, timeout=60) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if line:
+                assert line.startswith("data: ") and line != "data: [DONE]"
+                events.append(json.loads(line[len("data: "):]))
+    assert all(e["stop"] is False for e in events[:-1]) and events[-1]["stop"] is True
+    assert events[-1]["content"] == "" and "timings" in events[-1]
+    assert "".join(e["content"] for e in events) == whole["content"]
+
+
+def test_greedy_infill_equal_with_speculation_on_and_off(fim_server):
+    body = {**BODIES["llama_vim"], **GREEDY, "n_indent": 0, "t_max_predict_ms": 0, "n_predict": 48,
+            "ignore_eos": True}
+    plain = infill(fim_server, {**body, "speculation": {"enabled": False}})
+    spec = infill(fim_server, {**body, "speculation": {"policy": "fixed", "max_draft_tokens": 4}})
+    assert spec["content"] == plain["content"] and spec["tokens_predicted"] == plain["tokens_predicted"] == 48
+    assert spec["timings"].get("draft_n", 0) > 0 and "draft_n" not in plain["timings"]
+
+
+def test_completions_suffix_through_openai_client(fim_server, fim_engine):
+    client = openai.OpenAI(base_url=f"{fim_server.url}/v1", api_key="unused", max_retries=0, timeout=60)
+    kwargs = {"model": MODEL, "prompt": "def add(a, b):\n    return ", "suffix": "\n\nprint(add(1, 2))\n",
+              "max_tokens": 16, "temperature": 0}
+    whole = client.completions.create(**kwargs)
+    streamed = "".join(c.choices[0].text for c in client.completions.create(**kwargs, stream=True) if c.choices)
+    ids = fim_prompt(fim_engine.tokenizer, kwargs["prompt"], kwargs["suffix"], repo_level=False).ids
+    expected = fim_engine.generate(prompt_ids=ids, sampling=SamplingParams(max_tokens=16)).text
+    assert whole.choices[0].text == streamed == expected
+    assert whole.usage.prompt_tokens == len(ids)
+
+
+def test_unsupported_and_bad_fields_are_400(fim_server):
+    for extra in ({"repeat_penalty": 1.3}, {"samplers": ["mirostat"]}, {"input_extra": [{"filename": "x"}]}):
+        r = httpx.post(f"{fim_server.url}/infill", json={**BODIES["llama_vim"], **extra}, timeout=30)
+        assert r.status_code == 400, extra
+        assert "error" in r.json()
+    ok = infill(fim_server, {**BODIES["llama_vim"], "n_predict": 2, "id_slot": 1, "dry_base": 2.0, "n_keep": -1})
+    assert ok["stop"] is True  # llama.cpp fields that change nothing here are ignored
+
+
+def test_model_without_fim_tokens_gets_400(server):
+    r = httpx.post(f"{server.url}/infill", json=BODIES["llama_vim"], timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "fim_unsupported"
+    r = httpx.post(f"{server.url}/v1/completions", timeout=30,
+                   json={"model": MODEL, "prompt": "ab", "suffix": "cd", "max_tokens": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "suffix"
+
+
+def slow_fim_engine(step_delay_s: float) -> Engine:
+    """A toy target (vocab 100) that takes step_delay_s per forward, its last tokens named FIM tokens."""
+    model = ToyModel(vocab_size=100, sharpness=3, eos_bias=-30)
+
+    def slow_logits(context):
+        time.sleep(step_delay_s)
+        return model.logits(context)
+
+    target = ToyBackend(logits_fn=slow_logits, vocab_size=100, n_ctx=4096, name="slow-toy")
+    target.tokenizer.fim_token_ids = lambda: {"prefix": 97, "suffix": 98, "middle": 99}
+    return Engine(target, [], speculation=SpeculationConfig(policy="fixed", enabled=False))  # nothing to calibrate
+
+
+def test_a_newer_request_from_the_same_client_supersedes_the_running_one(start_server):
+    live = start_server(slow_fim_engine(0.02))
+    body = {"input_prefix": "def f(x):\n", "input_suffix": "\n", "prompt": "    ret", "n_predict": 2000,
+            "ignore_eos": True, **GREEDY}
+    first: dict = {}
+    thread = threading.Thread(target=lambda: first.update(infill(live, body)))
+    thread.start()
+    serving = live.app.state.serving
+    deadline = time.monotonic() + 10
+    while not serving.running and time.monotonic() < deadline:
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    second = infill(live, {**body, "prompt": "    retu", "n_predict": 3})
+    thread.join(10)
+    assert first["superseded"] is True and first["tokens_predicted"] < 2000
+    assert second["tokens_predicted"] == 3 and "superseded" not in second
+    assert time.monotonic() - t0 < 5  # it did not wait for the first's 2000 tokens (40 s)
+
+
+def test_another_client_does_not_supersede(fim_engine):
+    """Two API keys are two clients: both answers come whole, the second after the first."""
+    from draftwise.server import create_app
+
+    with LiveServer(fim_engine, app=create_app(fim_engine, MODEL, api_keys=("key-a", "key-b"))) as live:
+        body = {**BODIES["llama_vim"], **GREEDY, "n_predict": 64, "ignore_eos": True, "n_indent": 0}
+        results: list[dict] = []
+        threads = [threading.Thread(target=lambda k=k: results.append(
+            infill(live, body, headers={"Authorization": f"Bearer {k}"}))) for k in ("key-a", "key-b")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    assert len(results) == 2 and all(r["tokens_predicted"] == 64 and "superseded" not in r for r in results)
