@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
-
 from typing import TYPE_CHECKING
 
 from draftwise.backends.base import common_prefix_length
@@ -45,6 +44,7 @@ class BatchFull(RuntimeError):
 class Emitted:
     generation: Generation
     text: str
+    logprobs: tuple = ()  # TokenLogprobs of the tokens this text completes (when the request asks)
 
 
 @dataclass(frozen=True)
@@ -109,6 +109,8 @@ class Batcher:
             shared = {i: common_prefix_length(self.engine.slot(i).target.cached_ids, prompt[:-1]) for i in self._free}
             index = max(self._free, key=lambda i: (shared[i], -self._last_used[i]))
             slot, keep = self.engine.slot(index), shared[index]
+            if spec.sampling.prompt_logprobs is not None:
+                keep = 0  # every prompt row is read again for its logits
             req = self.engine.start(spec, slot)
             slot.target.truncate(keep)
         req.stats.num_reused_tokens = keep
@@ -132,6 +134,8 @@ class Batcher:
             for a in self.active:  # arrival order: the earliest prompt is filled first
                 if a.pending and (budget is None or budget > 0):
                     chunk = a.pending if budget is None else a.pending[:budget]
+                    if a.request.sampling.prompt_logprobs is not None:
+                        chunk = chunk[:PREFILL_CHUNK]  # its rows' logits: [chunk, V] each step
                     prefills.append((a, chunk))
                     budget = None if budget is None else budget - len(chunk)
             if not decoding and not prefills:
@@ -140,7 +144,7 @@ class Batcher:
             trees = len(decoding) == 1 and not prefills and decoding[0].request.trees
             try:
                 result = step(self.engine.target, [a.request for a in decoding],
-                              [(a.request.slot.target, chunk) for a, chunk in prefills],
+                              [(a.request.slot.target, chunk, a.request) for a, chunk in prefills],
                               trees=trees, target_time=self.engine.shared_target_time)
             except BaseException as exc:  # outside any one request's phases: ends every request
                 events += self.fail(None, exc)
@@ -166,7 +170,7 @@ class Batcher:
                     events += self.fail([a], exc)
                     continue
                 if piece:
-                    events.append(Emitted(a.generation, piece))
+                    events.append(Emitted(a.generation, piece, tuple(a.request.take_logprobs())))
                 if a.request.stats.finish_reason:
                     self._finish(a, events)
         return events
@@ -188,8 +192,9 @@ class Batcher:
 
     def _finish(self, a: _Active, events: list[Event]) -> None:
         piece = self.engine.finish(a.request)
-        if piece:
-            events.append(Emitted(a.generation, piece))
+        rest = tuple(a.request.take_logprobs(final=True))
+        if piece or rest:
+            events.append(Emitted(a.generation, piece, rest))
         a.generation.result = a.request.result
         self._release(a)
         events.append(Done(a.generation, a.request.result))

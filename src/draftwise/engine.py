@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
-from typing import Callable, Iterator, Sequence
-
 
 from draftwise.backends.base import Backend, encode_chat, num_slots, utf8
 from draftwise.batching import Batcher, BatchFull, Done, Emitted, Failed
@@ -147,12 +146,16 @@ class Engine:
                 f"the prompt has {len(prompt_ids)} tokens but the context holds {self.target.n_ctx}; "
                 "shorten the prompt or raise the context size"
             )
+        bad = next((t for t, _ in sampling.logit_bias if t >= self.target.vocab_size), None)
+        if bad is not None:
+            raise ConfigError(f"logit_bias names token {bad}, outside the vocabulary (size {self.target.vocab_size})")
         known = {d.name for d in self.drafters}
         if drafters is not None and (set(drafters) - known or len(set(drafters)) != len(drafters)):
             for name in drafters:
                 if name in self.skipped_drafters:
                     raise ConfigError(f"drafter {name!r} was {self.skipped_drafters[name]}")
-            raise ConfigError(f"unknown drafter in {list(drafters)}; this engine has: {', '.join(sorted(known)) or 'none'}")
+            raise ConfigError(f"unknown drafter in {list(drafters)}; "
+                              f"this engine has: {', '.join(sorted(known)) or 'none'}")
         # A bad schema or grammar fails here, before the request is queued (compiling is ~1 ms
         # once the model's tokenizer adapter is built); so does one that admits no answer.
         grammar = None
@@ -237,6 +240,8 @@ class Engine:
         policy.begin(drafters, speculation)
         for drafter in drafters:
             drafter.begin(sampling, speculation)
+            if hasattr(drafter, "num_prompt_tokens"):  # a draft model applying penalties counts output only
+                drafter.num_prompt_tokens = len(request.prompt_ids)
         return req
 
     def finish(self, req: Request) -> str:
@@ -253,7 +258,9 @@ class Engine:
         stats.skipped_drafters = dict(self.skipped_drafters)
         if req.grammar is not None:
             stats.num_masks, stats.mask_ms = req.grammar.num_masks, req.grammar.mask_ms
-        req.result = Result(text=text, token_ids=req.generated, stats=stats, prompt_ids=req.prompt_ids)
+        req.result = Result(text=text, token_ids=req.generated, stats=stats, prompt_ids=req.prompt_ids,
+                            logprobs=None if req.sampling.logprobs is None else req.logprobs[:req.num_text_tokens()],
+                            prompt_logprobs=None if req.sampling.prompt_logprobs is None else req.prompt_logprobs)
         return text[req.emitted:]
 
     # ------------------------------------------------------------------ one request

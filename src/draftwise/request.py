@@ -8,8 +8,9 @@ iterate; Slot is a target sequence with the drafters that follow it.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -17,6 +18,7 @@ from draftwise.backends.base import Backend
 from draftwise.drafters.base import Drafter
 from draftwise.metrics import RequestStats
 from draftwise.policy.base import Policy
+from draftwise.sampling import TokenLogprob
 from draftwise.types import SamplingParams, SpeculationConfig
 
 if TYPE_CHECKING:
@@ -29,6 +31,10 @@ class Result:
     token_ids: list[int]
     stats: RequestStats
     prompt_ids: list[int] = field(default_factory=list)
+    # Asked for (SamplingParams.logprobs / prompt_logprobs): one per generated token (cut where
+    # a stop string cut the text), and one per prompt token after the first.
+    logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob] | None = None
 
     @property
     def finish_reason(self) -> str:
@@ -136,6 +142,10 @@ class Request:
     stop_at: int | None = None
     t_decode: float = 0.0
     result: Result | None = None
+    pending_logprobs: list[TokenLogprob] = field(default_factory=list)  # the step's, before push
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token (if asked)
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # prompt tokens 2.. (if asked)
+    logprobs_taken: int = 0  # logprobs handed to the stream so far
 
     def push(self, new_ids: list[int] | None) -> str:
         """Stop conditions, token by token, for a step's tokens (None: nothing fits any more);
@@ -145,7 +155,10 @@ class Request:
         if new_ids is None:
             stats.finish_reason = "length"
             return ""
-        for token in new_ids:
+        pending, self.pending_logprobs = self.pending_logprobs, []
+        for j, token in enumerate(new_ids):
+            if j < len(pending):
+                self.logprobs.append(pending[j])  # EOS's too; take_logprobs() drops it
             if token in self.eos_ids:
                 stats.finish_reason = "stop"
                 stats.num_eos = 1
@@ -168,6 +181,37 @@ class Request:
             return ""
         piece, self.emitted = decoder.text[self.emitted:ready], ready
         return piece
+
+    def take_logprobs(self, final: bool = False) -> list[TokenLogprob]:
+        """The logprobs of generated tokens not yet handed out whose text has been streamed (all
+        of them at the end, cut at a stop string); [] when the request asks for none."""
+        if self.sampling.logprobs is None:
+            return []
+        if final:
+            end = self.num_text_tokens()
+        else:
+            end = len(self.generated)
+            while end > self.logprobs_taken and len(self.tokenizer_text(end)) > self.emitted:
+                end -= 1  # its text is held back (a possible stop string, half a character)
+        taken = self.logprobs[self.logprobs_taken:end]
+        self.logprobs_taken = max(self.logprobs_taken, end)
+        return taken
+
+    def tokenizer_text(self, n: int) -> str:
+        return self.decoder.tokenizer.decode(self.generated[:n])
+
+    def num_text_tokens(self) -> int:
+        """How many generated tokens the final text shows (all but those a stop string cut off)."""
+        if self.stop_at is None:
+            return len(self.generated)
+        lo, hi = 0, len(self.generated)  # the first n whose text reaches past the cut
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if len(self.tokenizer_text(mid)) >= self.stop_at:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
 
     def flush(self) -> str:
         """The whole text at the end: the last bytes flushed, cut at a stop string."""

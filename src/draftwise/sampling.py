@@ -1,18 +1,81 @@
 """Logits -> probabilities under a request's sampling transforms, and seeded sampling.
 
-`distribution(logits, params)` is the one place logits become the probabilities a request
-samples from, for the target's verified rows and the draft model's proposals alike (the
-draft passes the request's parameters with its own temperature). Order: temperature, then
+`distribution(logits, params, history)` is the one place logits become the probabilities a
+request samples from, for the target's verified rows and the draft model's proposals alike
+(the draft passes the request's parameters with its own temperature). Order: logit bias and
+penalties (`adjusted`, each row given the tokens before it: its History), temperature, then
 top-k, top-p, min-p on the tempered distribution; the result is renormalised in float64.
 The verifier compares draft and target in this space, so losslessness holds with respect
-to exactly this distribution.
+to exactly this distribution. Greedy is the argmax of the adjusted logits.
+`logprobs` is what a request reports: the raw log-softmax (see its docstring).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import numpy as np
 
 from draftwise.types import SamplingParams
+
+
+@dataclass(frozen=True)
+class History:
+    """The tokens each row of a window follows: row j sees tokens + extra[:offset + j].
+
+    tokens: prompt + committed tokens before the window (num_prompt of them the prompt);
+    extra: the draft tokens the window verifies. Row i of a verified window [k+1, V] sees
+    the context and d_1..d_i; `at(i)` is the window starting at row i.
+    Example: History([7, 8], 1, (5, 6)) rows see [7, 8], [7, 8, 5], [7, 8, 5, 6].
+    """
+
+    tokens: Sequence[int]
+    num_prompt: int
+    extra: Sequence[int] = ()
+    offset: int = 0
+
+    def at(self, i: int) -> History:
+        return History(self.tokens, self.num_prompt, self.extra, self.offset + i)
+
+
+def adjusted(logits: np.ndarray, params: SamplingParams, history: History | None) -> np.ndarray:
+    """logits [n, V] with params' logit bias and penalties applied, row j given history's row j
+    (llama.cpp's order: bias, repeat penalty, presence/frequency). Unchanged (the same array)
+    when params adjust nothing. Example: [[2, -2, 1]], repeat_penalty 2 over [0, 1] -> [[1, -4, 1]].
+    """
+    if not params.adjusts_logits:
+        return logits
+    if history is None:
+        raise ValueError("penalties need the tokens before each row (a History)")
+    out = np.array(logits, dtype=np.float64)  # a copy: [n, V]
+    if params.logit_bias:
+        ids, biases = zip(*params.logit_bias)
+        out[:, list(ids)] += np.asarray(biases)
+    repeat = params.repeat_penalty != 1.0 and params.repeat_last_n != 0
+    counting = params.presence_penalty or params.frequency_penalty
+    tokens = history.tokens
+    window = tokens if params.repeat_last_n < 0 else tokens[max(0, len(tokens) - params.repeat_last_n):]
+    generated = tokens[history.num_prompt:] if counting else ()
+    for j in range(out.shape[0]):
+        extra = tuple(history.extra[: history.offset + j])
+        row = out[j]
+        if repeat:
+            seen = [*window, *extra]
+            if params.repeat_last_n > 0:
+                seen = seen[-params.repeat_last_n:]
+            ids = np.unique(np.asarray(seen, dtype=np.int64))
+            values = row[ids]
+            row[ids] = np.where(values > 0, values / params.repeat_penalty, values * params.repeat_penalty)
+        if counting:
+            ids, counts = np.unique(np.asarray([*generated, *extra], dtype=np.int64), return_counts=True)
+            row[ids] -= params.frequency_penalty * counts + params.presence_penalty
+    return out
+
+
+def choose_greedy(logits: np.ndarray, params: SamplingParams, history: History | None = None) -> np.ndarray:
+    """Greedy tokens [n]: the argmax of each row's adjusted logits."""
+    return np.argmax(adjusted(logits, params, history), axis=-1)
 
 
 def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
@@ -24,13 +87,14 @@ def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
     return scaled
 
 
-def distribution(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+def distribution(logits: np.ndarray, params: SamplingParams, history: History | None = None) -> np.ndarray:
     """The distribution params sample from, row by row. logits [n, V] -> probs [n, V].
+    history: the tokens before each row (needed when params carry penalties or a bias).
 
     Greedy (temperature 0) returns the one-hot of the argmax, so a caller may treat
     greedy and sampling uniformly; the engine uses argmax directly for speed.
     """
-    logits = np.atleast_2d(np.asarray(logits))
+    logits = adjusted(np.atleast_2d(np.asarray(logits)), params, history)
     if params.greedy:
         probs = np.zeros(logits.shape, dtype=np.float64)
         probs[np.arange(logits.shape[0]), logits.argmax(axis=-1)] = 1.0
@@ -46,16 +110,53 @@ class LazyTargetProbs:
     large vocabulary (150k on Qwen) are never needed; computing them all costs ~1 ms each.
     """
 
-    def __init__(self, logits: np.ndarray, params: SamplingParams) -> None:
-        self._logits, self._params = logits, params  # [n, V]
+    def __init__(self, logits: np.ndarray, params: SamplingParams, history: History | None = None) -> None:
+        self._logits, self._params, self._history = logits, params, history  # [n, V]
         self._rows: dict[int, np.ndarray] = {}
         self.shape = logits.shape
 
     def __getitem__(self, i: int) -> np.ndarray:
         row = self._rows.get(i)
         if row is None:
-            row = self._rows[i] = distribution(self._logits[i : i + 1], self._params)[0]
+            history = None if self._history is None else self._history.at(i)
+            row = self._rows[i] = distribution(self._logits[i : i + 1], self._params, history)[0]
         return row
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A token's logprob and the row's `top` most likely tokens [(id, logprob)], best first."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+def logprobs(logits: np.ndarray, tokens: Sequence[int], num_top: int) -> list[TokenLogprob]:
+    """Each token's logprob under its row: logits [n, V], tokens [n] -> n TokenLogprobs.
+
+    NOTE: the reported distribution is the model's raw log-softmax (temperature 1, no bias,
+    penalty, grammar mask or filter), as OpenAI and vLLM report by default: it does not depend
+    on how the answer was sampled, so it scores text (lm-eval's loglikelihood) and equals plain
+    decoding's row for row. A token the filters or the mask ruled out can thus appear among the
+    top alternatives; a grammar-forced token shows the model's own belief in it, not 0.
+    Example: logits [[0, 0]], tokens [1], num_top 1 -> [TokenLogprob(1, -0.693.., ((0, -0.693..),))].
+    """
+    rows = np.asarray(logits, dtype=np.float64)[: len(tokens)]  # [n, V]
+    num_top = min(num_top, rows.shape[1])
+    out = []
+    for j, token in enumerate(tokens):
+        row = rows[j]
+        peak = row.max()
+        norm = peak + np.log(np.exp(row - peak).sum())
+        top: tuple[tuple[int, float], ...] = ()
+        if num_top:
+            # Every id at least as likely as the num_top-th (ties included), then best first, lower id first.
+            threshold = np.partition(row, row.shape[0] - num_top)[row.shape[0] - num_top]
+            ids = sorted(np.flatnonzero(row >= threshold).tolist(), key=lambda t: (-row[t], t))[:num_top]
+            top = tuple((int(t), float(row[t] - norm)) for t in ids)
+        out.append(TokenLogprob(int(token), float(row[token] - norm), top))
+    return out
 
 
 def filter_probs(probs: np.ndarray, *, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0) -> np.ndarray:

@@ -12,24 +12,27 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence, TypeVar
+from dataclasses import dataclass, replace
+from typing import TypeVar
 
 import numpy as np
 
 from draftwise.backends.base import Backend, extend_batch
 from draftwise.constraints import masked
-from draftwise.policy.base import Plan, PlanState
 from draftwise.policy.auto import AutoPolicy, plan_batch
+from draftwise.policy.base import Plan, PlanState
 from draftwise.request import Request
-from draftwise.sampling import LazyTargetProbs
+from draftwise.sampling import History, LazyTargetProbs, TokenLogprob, choose_greedy, logprobs
 from draftwise.types import Draft, StepStats, TreeDraft, Verdict
 from draftwise.verify import greedy_verify, greedy_verify_tree, rejection_sample
 
 # What the step yields per request: tokens to commit (the caller applies stop conditions),
 # None when nothing fits any more (context window or max_tokens), or the error that ended it.
 Outcome = list[int] | None | Exception
+# A prompt chunk in the forward: (sequence, ids) or (sequence, ids, request asking for prompt logprobs).
+Prefill = tuple[Backend, Sequence[int]] | tuple[Backend, Sequence[int], Request | None]
 T, U = TypeVar("T"), TypeVar("U")
 
 
@@ -60,6 +63,7 @@ class Verified:
     verdict: Verdict
     draft_ids: tuple[int, ...]  # the verified chain (a tree's winning branch)
     branch: int | None = None  # the tree branch kept; None for a chain
+    logprobs: tuple[TokenLogprob, ...] = ()  # forced + committed tokens', when the request asks
 
 
 @dataclass(frozen=True)
@@ -100,13 +104,14 @@ class PhaseClock:
             self.ms[phase] += lap.ms
 
 
-def step(target: Backend, reqs: Sequence[Request], prefills: Sequence[tuple[Backend, Sequence[int]]] = (),
+def step(target: Backend, reqs: Sequence[Request], prefills: Sequence[Prefill] = (),
          *, trees: bool = False, target_time=None) -> StepResult:
     """One step for each request with one target forward for all of them. `prefills`
-    (sequence, ids) ride in the same forward without logits (chunked prefill of joining
-    requests). trees: the batch is one request that may verify several branches (decided by
-    the caller, before the step). target_time: the auto policies' shared cost model, told
-    what a batched forward cost."""
+    (sequence, ids[, request]) ride in the same forward without logits (chunked prefill of
+    joining requests), or with a row each where the request asks for prompt logprobs. trees:
+    the batch is one request that may verify several branches (decided by the caller, before
+    the step). target_time: the auto policies' shared cost model, told what a batched forward
+    cost."""
     out: list[Outcome] = [None] * len(reqs)
     clock = PhaseClock()
     ready = {}
@@ -118,7 +123,7 @@ def step(target: Backend, reqs: Sequence[Request], prefills: Sequence[tuple[Back
     if not ready and not prefills:
         return StepResult(out)
     with clock("plan") as planning:
-        plans = plan({i: (reqs[i], r) for i, r in ready.items()}, sum(len(ids) for _, ids in prefills), out)
+        plans = plan({i: (reqs[i], r) for i, r in ready.items()}, sum(len(item[1]) for item in prefills), out)
     plan_share = planning.ms / max(1, len(plans))
 
     def draft_one(i: int, p: Plan) -> Drafted:
@@ -127,10 +132,12 @@ def step(target: Backend, reqs: Sequence[Request], prefills: Sequence[tuple[Back
         return Drafted(ready[i], p, proposal, plan_share + lap.ms)
 
     drafted = _each(out, plans, draft_one)
-    rows = sum(_rows(reqs[i], d) for i, d in drafted.items()) + sum(len(ids) for _, ids in prefills)
+    rows = sum(_rows(reqs[i], d) for i, d in drafted.items()) + sum(len(item[1]) for item in prefills)
     try:
         with clock("forward") as lap:
             logits = forward(target, [(reqs[i], d) for i, d in drafted.items()], prefills)
+        score_prompts(prefills, logits[len(drafted):])
+        logits = logits[: len(drafted)]
     except Exception as exc:  # a shared act: no one request to blame
         for i in drafted:
             out[i] = exc
@@ -162,9 +169,11 @@ def _each(out: list[Outcome], items: dict[int, T], phase: Callable[[int, T], U])
 def force(req: Request) -> Ready | list[int] | None:
     """1. Forced tokens. Reads the grammar at the committed context; where it allows a single
     token, that token's masked probability is 1, so it is committed with no decision and the
-    target needs only its KV entry, which this step's forward writes (no logits row). Changes:
-    the grammar (consumes them) and the forced-token count. Plain decoding (speculation off)
-    decodes them one per forward like any other token.
+    target needs only its KV entry, which this step's forward writes (no logits row unless the
+    request asks for logprobs: then the forward returns the rows before them too, and forced
+    tokens that would end the request leave their last one to a row). Changes: the grammar
+    (consumes them) and the forced-token count. Plain decoding (speculation off) decodes them
+    one per forward like any other token.
 
     Returns what the step may draft (Ready), or the request's last tokens when forced tokens
     end it, or None when nothing fits."""
@@ -173,8 +182,11 @@ def force(req: Request) -> Ready | list[int] | None:
     forced = []
     if grammar is not None and req.fast_forward:
         forced = grammar.forced(min(remaining, target.n_ctx - len(req.context)))
+    ends = forced and (forced[-1] in grammar.eos_token_ids or len(forced) >= remaining)
+    if ends and req.sampling.logprobs is not None:
+        forced = forced[:-1]  # the last one is decided by a row (probability 1), which its logprob needs
     req.stats.num_forced_tokens += len(forced)
-    if forced and (forced[-1] in grammar.eos_token_ids or len(forced) >= remaining):
+    if ends and req.sampling.logprobs is None:
         return forced
     context = req.context + forced if forced else req.context
     max_k = min(target.n_ctx - len(context), remaining - len(forced) - 1)  # never past either
@@ -218,35 +230,57 @@ def draft(req: Request, ready: Ready, plan: Plan, trees: bool) -> Draft | TreeDr
 
 
 def forward(target: Backend, drafted: Sequence[tuple[Request, Drafted]],
-            prefills: Sequence[tuple[Backend, Sequence[int]]]) -> list[np.ndarray]:
+            prefills: Sequence[Prefill]) -> list[np.ndarray]:
     """4. Forward: one target pass over, per request, [uncached committed tail, d_1..d_k] with
-    logits for its k+1 rows [last committed, d_1..d_k], plus the prefill chunks (no logits).
-    A tree (a request alone) is one pass over all its branches. Changes the target caches:
-    they now hold every row fed (commit truncates what is rejected)."""
+    logits for its k+1 rows [last committed, d_1..d_k] (and, when it asks for logprobs, the
+    rows before its forced tokens: [m+k+1, V]), plus the prefill chunks (no logits, or a row
+    each for prompt logprobs). A tree (a request alone) is one pass over all its branches.
+    Changes the target caches: they now hold every row fed (commit truncates what is rejected).
+    Returns the drafted requests' logits, then the prefill chunks'."""
     if len(drafted) == 1 and not prefills and isinstance(drafted[0][1].draft, TreeDraft):
         req, d = drafted[0]
         return [req.slot.target.extend_tree(d.ready.context[-1], d.draft.branches)]
-    items = [(req.slot.target, [*d.ready.context[req.slot.target.num_cached:], *d.draft.token_ids], len(d.draft) + 1)
+    items = [(req.slot.target, [*d.ready.context[req.slot.target.num_cached:], *d.draft.token_ids],
+              len(d.draft) + 1 + (len(d.ready.forced) if req.sampling.logprobs is not None else 0))
              for req, d in drafted]
-    items += [(seq, list(ids), 0) for seq, ids in prefills]
-    return extend_batch(target, items)[: len(drafted)]
+    items += [(item[0], list(item[1]), len(item[1]) if _scored(item) else 0) for item in prefills]
+    return extend_batch(target, items)
+
+
+def score_prompts(prefills: Sequence[Prefill], logits: Sequence[np.ndarray]) -> None:
+    """4b. Prompt logprobs (echo): a chunk's rows score the prompt tokens after its own ones.
+    Changes req.prompt_logprobs (one entry per prompt token after the first)."""
+    for item, rows in zip(prefills, logits):
+        if _scored(item):
+            req = item[2]
+            start = len(req.prompt_logprobs) + 1  # the first prompt token has no logprob
+            following = req.prompt_ids[start: start + len(item[1])]
+            req.prompt_logprobs.extend(logprobs(rows, following, req.sampling.prompt_logprobs))
 
 
 def verify(req: Request, drafted: Drafted, logits: np.ndarray) -> Verified:
     """5. Verify: accept a prefix of the draft and pick the next token from the target's rows
     (logits [k+1, V]), masked by the grammar at each row's position. Greedy: argmax; sampling:
     exact rejection sampling. Reads the grammar (it does not move) and draws from req.rng."""
-    proposal = drafted.draft
+    proposal, sampling = drafted.draft, req.sampling
+    history = History(drafted.ready.context, len(req.prompt_ids))
     if isinstance(proposal, TreeDraft):
-        branch, verdict = greedy_verify_tree(proposal.branches, [np.argmax(x, axis=-1) for x in logits])
-        return Verified(drafted, verdict, proposal.branches[branch], branch)
+        branch, verdict = greedy_verify_tree(proposal.branches, [
+            choose_greedy(x, sampling, replace(history, extra=b)) for x, b in zip(logits, proposal.branches)])
+        return Verified(drafted, verdict, proposal.branches[branch], branch,
+                        _logprobs(req, (), logits[branch], verdict.committed(proposal.branches[branch])))
+    history = replace(history, extra=proposal.token_ids)
+    forced_rows, logits = logits[: len(logits) - len(proposal) - 1], logits[len(logits) - len(proposal) - 1:]
+    raw = logits  # [k+1, V]
     if req.grammar is not None:
         logits = masked(logits, req.grammar.masks(proposal.token_ids))  # [k+1, V]
     if req.greedy:
-        verdict = greedy_verify(proposal.token_ids, np.argmax(logits, axis=-1))
+        verdict = greedy_verify(proposal.token_ids, choose_greedy(logits, sampling, history))
     else:
-        verdict = rejection_sample(proposal, LazyTargetProbs(logits, req.sampling), req.rng)
-    return Verified(drafted, verdict, proposal.token_ids)
+        verdict = rejection_sample(proposal, LazyTargetProbs(logits, sampling, history), req.rng)
+    committed = verdict.committed(proposal.token_ids)
+    return Verified(drafted, verdict, proposal.token_ids,
+                    logprobs=_logprobs(req, forced_rows, raw, drafted.ready.forced + tuple(committed)))
 
 
 def commit(req: Request, verified: Verified, fwd: Forward, batch_size: int) -> list[int]:
@@ -260,6 +294,7 @@ def commit(req: Request, verified: Verified, fwd: Forward, batch_size: int) -> l
     else:
         req.slot.target.truncate(len(drafted.ready.context) + verdict.num_accepted)
     committed = verdict.committed(verified.draft_ids)
+    req.pending_logprobs.extend(verified.logprobs)
     if req.grammar is not None:
         req.grammar.consume([t for t in committed if t not in req.grammar.eos_token_ids])
     stats = StepStats(
@@ -279,6 +314,20 @@ def commit(req: Request, verified: Verified, fwd: Forward, batch_size: int) -> l
 
 
 # ---------------------------------------------------------------------- helpers
+def _logprobs(req: Request, forced_rows: np.ndarray, rows: np.ndarray, tokens: Sequence[int]) -> tuple:
+    """The logprobs of a step's forced + committed tokens (each from the row before it), when
+    the request asks for them: forced_rows [m, V] then rows [k+1, V]."""
+    if req.sampling.logprobs is None:
+        return ()
+    both = np.concatenate([forced_rows, rows[: len(tokens) - len(forced_rows)]]) if len(forced_rows) else rows
+    return tuple(logprobs(both, tokens, req.sampling.logprobs))
+
+
+def _scored(item: Prefill) -> bool:
+    """Whether a prefill chunk's rows score its request's prompt (echo with logprobs)."""
+    return len(item) > 2 and item[2] is not None and item[2].sampling.prompt_logprobs is not None
+
+
 def _rows(req: Request, drafted: Drafted) -> int:
     """Target rows a request puts in the forward."""
     if isinstance(drafted.draft, TreeDraft):

@@ -141,7 +141,8 @@ class SamplingParams:
         _check(-2 <= self.frequency_penalty <= 2,
                f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
         _check(self.repeat_penalty > 0, f"repeat_penalty must be > 0 (1 disables it), got {self.repeat_penalty}")
-        _check(self.repeat_last_n >= -1, f"repeat_last_n must be >= -1 (-1: the whole context), got {self.repeat_last_n}")
+        _check(self.repeat_last_n >= -1,
+               f"repeat_last_n must be >= -1 (-1: the whole context), got {self.repeat_last_n}")
         bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
         bias = tuple(sorted((int(t), float(b)) for t, b in bias))
         _check(all(t >= 0 and -100 <= b <= 100 for t, b in bias),

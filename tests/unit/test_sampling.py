@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from draftwise.sampling import filter_probs, sample, distribution
+from draftwise.sampling import distribution, filter_probs, sample
 from draftwise.types import ConfigError, SamplingParams, SpeculationConfig
 from draftwise.verify import greedy_verify
 
@@ -39,7 +39,11 @@ def test_greedy_verify_docstring_example():
 
 @pytest.mark.parametrize("kwargs, field", [
     ({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"), ({"top_p": 1.5}, "top_p"),
-    ({"top_k": -1}, "top_k"), ({"min_p": 1}, "min_p"), ({"max_tokens": 0}, "max_tokens"),
+    ({"top_k": -1}, "top_k"), ({"min_p": 1}, "min_p"), ({"max_tokens": -1}, "max_tokens"),
+    ({"presence_penalty": 2.5}, "presence_penalty"), ({"frequency_penalty": -3}, "frequency_penalty"),
+    ({"repeat_penalty": 0}, "repeat_penalty"), ({"repeat_last_n": -2}, "repeat_last_n"),
+    ({"logit_bias": {1: 101}}, "logit_bias"), ({"logprobs": 21}, "logprobs"),
+    ({"prompt_logprobs": -1}, "prompt_logprobs"),
 ])
 def test_sampling_params_validated(kwargs, field):
     with pytest.raises(ConfigError, match=field):

@@ -3,20 +3,22 @@
 It owns its backend and KV cache; before each proposal the cache is brought in step
 with the committed context (the shared prefix is kept, rejected tokens are dropped),
 so rollback on rejection is implicit. It samples from sampling.distribution with the
-request's parameters at its own temperature; the verifier receives the exact
+request's parameters at its own temperature (penalties and logit bias included, each draft
+row given the tokens before it, as the target's rows are); the verifier receives the exact
 distributions it sampled from.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from draftwise.backends.base import Backend, common_prefix_length, num_slots
 from draftwise.constraints import masked
-from draftwise.sampling import distribution, make_rng, sample, softmax
+from draftwise.sampling import History, choose_greedy, distribution, make_rng, sample, softmax
 from draftwise.types import ConfigError, Draft, SamplingParams, SpeculationConfig
 
 if TYPE_CHECKING:
@@ -38,11 +40,13 @@ class ModelDrafter:
         #: (0 disables it). The auto policy sets it from measured costs.
         self.min_confidence = 0.0
         self._rng = make_rng(None)
+        #: The request's prompt length (the engine sets it): presence/frequency count the output only.
+        self.num_prompt_tokens = 0
         self.last_confidences: list[float] = []
         self.num_reused_tokens = 0
         self._first_proposal = True
 
-    def for_slot(self, slot: int) -> "ModelDrafter":
+    def for_slot(self, slot: int) -> ModelDrafter:
         """A drafter on the draft model's sequence `slot` (the draft is loaded with slots too)."""
         if num_slots(self.backend) <= slot:
             raise ConfigError(f"the draft model {self.backend.name!r} has {num_slots(self.backend)} slot(s); "
@@ -84,6 +88,7 @@ class ModelDrafter:
         fork = grammar.fork() if grammar is not None else None
         token_ids: list[int] = []
         rows: list[np.ndarray] = []
+        history = History(context, min(self.num_prompt_tokens, len(context)), token_ids)  # row i: d_1..d_i too
         for i in range(max_tokens):
             if fork is not None:
                 if fork.is_stopped:
@@ -91,10 +96,10 @@ class ModelDrafter:
                 logits = masked(logits, fork.allowed())
             if self.sampling.greedy:
                 probs = None
-                token = int(np.argmax(logits))
+                token = int(choose_greedy(logits[None, :], self.sampling, history.at(i))[0])
                 confidence = float(softmax(logits)[token]) if self.min_confidence > 0 else 1.0
             else:
-                probs = distribution(logits[None, :], self.sampling)[0]
+                probs = distribution(logits[None, :], self.sampling, history.at(i))[0]
                 token = sample(probs, self._rng)
                 confidence = float(probs[token])
             if i > 0 and confidence < self.min_confidence:
