@@ -153,9 +153,20 @@ BAD_REQUESTS = [
     ("max_tokens zero", "/v1/chat/completions", {"model": MODEL, "messages": chat("x"), "max_tokens": 0}, 400,
      "max_tokens"),
     ("empty stop", "/v1/completions", {"model": MODEL, "prompt": "hi", "stop": [""]}, 400, "stop.0"),
-    ("n = 2", "/v1/chat/completions", {"model": MODEL, "messages": chat("x"), "n": 2}, 400, "n"),
-    ("logprobs", "/v1/chat/completions", {"model": MODEL, "messages": chat("x"), "logprobs": True}, 400, "logprobs"),
-    ("two prompts", "/v1/completions", {"model": MODEL, "prompt": ["a", "b"]}, 400, "prompt"),
+    ("n = 0", "/v1/chat/completions", {"model": MODEL, "messages": chat("x"), "n": 0}, 400, "n"),
+    ("top_logprobs 21", "/v1/chat/completions", {"model": MODEL, "messages": chat("x"), "logprobs": True,
+                                                 "top_logprobs": 21}, 400, "top_logprobs"),
+    ("top_logprobs alone", "/v1/chat/completions", {"model": MODEL, "messages": chat("x"), "top_logprobs": 2}, 400,
+     "top_logprobs"),
+    ("completions logprobs 6", "/v1/completions", {"model": MODEL, "prompt": "a", "logprobs": 6}, 400, "logprobs"),
+    ("presence_penalty 3", "/v1/completions", {"model": MODEL, "prompt": "a", "presence_penalty": 3}, 400,
+     "presence_penalty"),
+    ("logit_bias 101", "/v1/completions", {"model": MODEL, "prompt": "a", "logit_bias": {"3": 101}}, 400,
+     "logit_bias.3"),
+    ("logit_bias key", "/v1/completions", {"model": MODEL, "prompt": "a", "logit_bias": {"x": 1}}, 400, "logit_bias"),
+    ("logit_bias id", "/v1/completions", {"model": MODEL, "prompt": "a", "logit_bias": {"400": 1}}, 400, None),
+    ("repeat_penalty 0", "/v1/completions", {"model": MODEL, "prompt": "a", "repeat_penalty": 0}, 400,
+     "repeat_penalty"),
     ("token outside vocab", "/v1/completions", {"model": MODEL, "prompt": [1, 2, 400]}, 400, "prompt"),
     ("unknown drafter", "/v1/completions", {"model": MODEL, "prompt": "hi", "speculation": {"drafters": ["x"]}},
      400, None),
@@ -183,8 +194,8 @@ def test_errors_through_the_client_and_the_server_keeps_serving(server):
     c = client(server.url)
     with pytest.raises(openai.NotFoundError):
         c.chat.completions.create(model="nope", messages=chat("x"))
-    with pytest.raises(openai.BadRequestError, match="n must be 1"):
-        c.chat.completions.create(model=MODEL, messages=chat("x"), n=3)
+    with pytest.raises(openai.BadRequestError, match="n"):
+        c.chat.completions.create(model=MODEL, messages=chat("x"), n=129)
     with pytest.raises(openai.BadRequestError, match="temperature"):
         c.completions.create(model=MODEL, prompt="x", temperature=-1)
     with pytest.raises(openai.BadRequestError) as info:

@@ -23,7 +23,7 @@ from draftwise.constraints import Constraint, llguidance_tokenizer
 from draftwise.engine import Engine
 from draftwise.errors import BackendError, ConfigError, ConstraintError, PromptTooLongError
 from draftwise.fim import FimUnsupportedError, fim_prompt
-from draftwise.server import errors, infill
+from draftwise.server import choices, errors, infill
 from draftwise.server import protocol as p
 from draftwise.server.errors import BODY_TIMEOUT_S, APIError
 from draftwise.server.metrics import ServerMetrics
@@ -69,8 +69,9 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, *, a
 
     async def start(body: p._GenerationRequest, request: Request, endpoint: str, prefix: str, *,
                     prompt: Any = None, messages: list[dict] | None = None, max_tokens: int | None = None,
-                    default_max_tokens: int | None = None) -> Job:
-        """Validate, tokenise and queue a request; library errors become 4xx APIErrors.
+                    default_max_tokens: int | None = None) -> list[Job]:
+        """Validate, tokenise and queue a request, one Job per choice (each prompt n times, see
+        server.choices); library errors become 4xx APIErrors (then no job stays queued).
 
         NOTE: everything that grows with the request (tokenising the prompt and the prediction,
         compiling the constraint) runs in a worker thread: on the event loop, one 12 MB
@@ -78,12 +79,25 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, *, a
         """
         _check_request(body, model_name)
         param = "messages" if messages is not None else "prompt"
+        job_id, jobs = f"{prefix}-{uuid.uuid4().hex[:24]}", []
         try:
-            prepared = await asyncio.to_thread(prepare, body, prompt, messages, max_tokens, default_max_tokens)
-            job = Job(f"{prefix}-{uuid.uuid4().hex[:24]}", endpoint, prepared.prompt_ids,
-                      tenant=request.scope.get("state", {}).get("tenant"), predicted=prepared.prediction is not None)
-            return await asyncio.to_thread(serving.submit, job, prepared.sampling, prepared.speculation,
-                                           prepared.drafters, prepared.prediction)
+            items = [None] if messages is not None else choices.prompts(prompt, engine.target.vocab_size)
+            try:
+                for item in items:
+                    prepared = await asyncio.to_thread(prepare, body, item, messages, max_tokens, default_max_tokens)
+                    for copy in range(body.n or 1):
+                        sampling = dataclasses.replace(prepared.sampling,
+                                                       seed=choices.choice_seed(prepared.sampling.seed, copy))
+                        job = Job(job_id, endpoint, prepared.prompt_ids,
+                                  tenant=request.scope.get("state", {}).get("tenant"),
+                                  predicted=prepared.prediction is not None)
+                        jobs.append(await asyncio.to_thread(serving.submit, job, sampling, prepared.speculation,
+                                                            prepared.drafters, prepared.prediction))
+            except BaseException:
+                for job in jobs:
+                    job.cancel("another choice of the request was refused")
+                raise
+            return jobs
         except UnicodeEncodeError as exc:  # a lone surrogate ("\udfff") is not text a tokenizer can take
             raise APIError(400, f"the request holds U+{ord(exc.object[exc.start]):04X}, a lone surrogate, which "
                            "is not valid Unicode text", param=param, code="invalid_value") from None
@@ -106,7 +120,7 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, *, a
     def prepare(body: p._GenerationRequest, prompt: Any, messages: list[dict] | None, max_tokens: int | None,
                 default_max_tokens: int | None) -> _Prepared:
         """The request as engine values (worker thread): prompt ids, sampling, speculation."""
-        text, prompt_ids = (None, None) if messages is not None else _single_prompt(prompt, engine.target.vocab_size)
+        text, prompt_ids = (None, None) if messages is not None else prompt
         suffix = getattr(body, "suffix", None)
         if suffix:  # fill in the middle: the prompt is the text before the gap, the suffix the text after
             prompt_ids = _fim_ids(engine, text, suffix)
@@ -124,27 +138,37 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, *, a
                            param="max_completion_tokens" if "max_completion_tokens" in body.model_fields_set
                            else "max_tokens", code="context_length_exceeded")
         # With no max_tokens a chat request may fill the context, as OpenAI's does.
-        limit = max_tokens or min(default_max_tokens or n_ctx, max(1, n_ctx - len(prompt_ids)))
+        limit = max_tokens if max_tokens is not None else min(default_max_tokens or n_ctx,
+                                                              max(1, n_ctx - len(prompt_ids)))
         speculation, drafters = _speculation(body, engine.speculation)
         return _Prepared(prompt_ids, _sampling(body, limit, constraint), speculation, drafters, _prediction(body))
 
-    async def stream_or_collect(job: Job, body: p._GenerationRequest, request: Request, *, opening: str | None,
-                          text_chunk: Callable[[str], str], final_chunk: Callable[[str | None], str],
-                          usage_chunk: Callable[[p.Usage], str], whole: Callable[[str, Finished], Any]):
+    async def stream_or_collect(jobs: list[Job], body: p._GenerationRequest, request: Request, *,
+                                opening: Callable[[int], str] | None, text_chunk: Callable[[int, Piece], str],
+                                final_chunk: Callable[[int, Finished], str], usage_chunk: Callable[[p.Usage], str],
+                                whole: Callable[[list[Finished]], Any]):
+        """The choices' answers as one JSON reply, or their chunks as server-sent events (each
+        chunk names its choice's index; usage, when asked, sums the choices at the end)."""
         if not body.stream:
-            return await _collect(job, request, whole)
+            return whole(list(await asyncio.gather(*(_collect(job, request) for job in jobs))))
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
         async def events() -> AsyncIterator[str]:
             if opening is not None:
-                yield opening
-            async for event in _job_events(job, request):
+                for i in range(len(jobs)):
+                    yield opening(i)
+            finished: list[Finished] = []
+            finished_index: dict[int, int] = {}
+            async for i, event in choices.merged([_job_events(job, request) for job in jobs]):
                 if isinstance(event, Piece):
-                    yield text_chunk(event.text)
+                    yield text_chunk(i, event)
                 elif isinstance(event, Finished):
-                    yield final_chunk(_finish_reason(event))
-                    if include_usage:
-                        yield usage_chunk(_usage(event))
+                    finished.append(event)
+                    finished_index[id(event)] = i
+                    yield final_chunk(i, event)
+                    if include_usage and len(finished) == len(jobs):
+                        yield usage_chunk(_usage(sorted(finished, key=lambda d: finished_index[id(d)]),
+                                                 body.n or 1))
                 else:
                     error = _failure(event)
                     count(error)
@@ -158,45 +182,88 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, *, a
               responses={200: _STREAM_RESPONSE, **_ERROR_STATUSES})
     async def chat_completions(body: p.ChatCompletionRequest, request: Request):
         messages = [_message_dict(i, m) for i, m in enumerate(body.messages)]
-        job = await start(body, request, "chat", "chatcmpl", messages=messages,
-                          max_tokens=body.max_completion_tokens or body.max_tokens)
+        jobs = await start(body, request, "chat", "chatcmpl", messages=messages,
+                           max_tokens=body.max_completion_tokens or body.max_tokens)
         now, with_usage = int(time.time()), bool(body.stream_options and body.stream_options.include_usage)
+        tokenizer = engine.tokenizer
 
-        def chunk(delta: p.ChatDelta | None, finish: str | None = None, usage: p.Usage | None = None) -> str:
-            choices = [] if delta is None else [p.ChatChunkChoice(delta=delta, finish_reason=finish)]
-            return _sse(p.ChatCompletionChunk(id=job.id, created=now, model=model_name, choices=choices,
+        def logprobs(entries) -> dict | None:
+            return choices.chat_logprobs(tokenizer, entries) if body.logprobs else None
+
+        def chunk(index: int, delta: p.ChatDelta | None, finish: str | None = None, usage: p.Usage | None = None,
+                  entries=None) -> str:
+            parts = [] if delta is None else [p.ChatChunkChoice(index=index, delta=delta, finish_reason=finish,
+                                                                logprobs=entries)]
+            return _sse(p.ChatCompletionChunk(id=jobs[0].id, created=now, model=model_name, choices=parts,
                                               usage=usage), with_usage)
 
-        def whole(text: str, done: Finished) -> p.ChatCompletion:
-            return p.ChatCompletion(id=job.id, created=now, model=model_name, usage=_usage(done), choices=[
-                p.ChatChoice(message=p.AssistantMessage(content=text), finish_reason=_finish_reason(done))])
+        def whole(done: list[Finished]) -> p.ChatCompletion:
+            usage = _usage(done, body.n or 1)
+            return p.ChatCompletion(id=jobs[0].id, created=now, model=model_name, usage=usage, choices=[
+                p.ChatChoice(index=i, message=p.AssistantMessage(content=d.result.text),
+                             finish_reason=_finish_reason(d), logprobs=logprobs(d.result.logprobs or []))
+                for i, d in enumerate(done)])
 
         return await stream_or_collect(
-            job, body, request, opening=chunk(p.ChatDelta(role="assistant", content="")),
-            text_chunk=lambda text: chunk(p.ChatDelta(content=text)),
-            final_chunk=lambda finish: chunk(p.ChatDelta(), finish),
-            usage_chunk=lambda usage: chunk(None, usage=usage), whole=whole)
+            jobs, body, request, opening=lambda i: chunk(i, p.ChatDelta(role="assistant", content="")),
+            text_chunk=lambda i, piece: chunk(i, p.ChatDelta(content=piece.text),
+                                              entries=logprobs(piece.logprobs)),
+            final_chunk=lambda i, done: chunk(i, p.ChatDelta(), _finish_reason(done)),
+            usage_chunk=lambda usage: chunk(0, None, usage=usage), whole=whole)
 
     @app.post("/v1/completions", response_model=p.Completion, tags=["openai"],
               responses={200: _STREAM_RESPONSE, **_ERROR_STATUSES})
     async def completions(body: p.CompletionRequest, request: Request):
-        job = await start(body, request, "completions", "cmpl", prompt=body.prompt, max_tokens=body.max_tokens,
-                          default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS)
+        jobs = await start(body, request, "completions", "cmpl", prompt=body.prompt, max_tokens=body.max_tokens,
+                           default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS)
         now, with_usage = int(time.time()), bool(body.stream_options and body.stream_options.include_usage)
+        tokenizer, echoed = engine.tokenizer, set()
 
-        def chunk(text: str | None, finish: str | None = None, usage: p.Usage | None = None) -> str:
-            choices = [] if text is None else [p.CompletionChoice(text=text, finish_reason=finish)]
-            return _sse(p.Completion(id=job.id, created=now, model=model_name, choices=choices, usage=usage),
+        def chunk(index: int, text: str | None, finish: str | None = None, usage: p.Usage | None = None,
+                  entries: dict | None = None) -> str:
+            parts = [] if text is None else [p.CompletionChoice(index=index, text=text, finish_reason=finish,
+                                                                logprobs=entries)]
+            return _sse(p.Completion(id=jobs[0].id, created=now, model=model_name, choices=parts, usage=usage),
                         with_usage)
 
-        def whole(text: str, done: Finished) -> p.Completion:
-            return p.Completion(id=job.id, created=now, model=model_name, usage=_usage(done),
-                                choices=[p.CompletionChoice(text=text, finish_reason=_finish_reason(done))])
+        def echo(index: int) -> str:
+            """The prompt's text, once, before a streamed choice's first text (its logprobs come
+            with the answer: a stream sends the prompt before it is read)."""
+            if not body.echo or index in echoed:
+                return ""
+            echoed.add(index)
+            return tokenizer.decode(jobs[index].prompt_ids)
+
+        def text_chunk(index: int, piece: Piece) -> str:
+            entries = None
+            if body.logprobs is not None:
+                tokens = [e.token for e in piece.logprobs]
+                entries = choices.completion_logprobs(tokenizer, piece.logprobs, tokens, body.logprobs)
+            return chunk(index, echo(index) + piece.text, entries=entries)
+
+        def whole(done: list[Finished]) -> p.Completion:
+            parts = []
+            for i, d in enumerate(done):
+                result, text, entries = d.result, d.result.text, None
+                prompt_text = tokenizer.decode(result.prompt_ids) if body.echo else ""
+                if body.logprobs is not None:
+                    tokens = [e.token for e in result.logprobs or []]
+                    rows = list(result.logprobs or [])
+                    if body.echo:  # the first prompt token has no logprob
+                        tokens = [*result.prompt_ids, *tokens]
+                        rows = [None, *(result.prompt_logprobs or []), *rows]
+                    entries = choices.completion_logprobs(tokenizer, rows, tokens, body.logprobs)
+                parts.append(p.CompletionChoice(index=i, text=prompt_text + text, finish_reason=_finish_reason(d),
+                                                logprobs=entries))
+            return p.Completion(id=jobs[0].id, created=now, model=model_name, usage=_usage(done, body.n or 1),
+                                choices=parts)
 
         return await stream_or_collect(
-            job, body, request, opening=None, text_chunk=chunk, final_chunk=lambda finish: chunk("", finish),
-            usage_chunk=lambda usage: chunk(None, usage=usage), whole=whole)
+            jobs, body, request, opening=None, text_chunk=text_chunk,
+            final_chunk=lambda i, done: chunk(i, echo(i), _finish_reason(done)),
+            usage_chunk=lambda usage: chunk(0, None, usage=usage), whole=whole)
 
+    choices.install_tokenize(app, engine.tokenizer, engine.target.vocab_size, asyncio.to_thread)
     infill.install(app, serving, model_name, count=count, speculation=_speculation, job_events=_job_events)
 
     @app.get("/v1/models", response_model=p.ModelList, tags=["openai"], responses=_ERROR_STATUSES)
@@ -240,9 +307,6 @@ def _check_request(body: p._GenerationRequest, model_name: str) -> None:
     if body.model != model_name:
         raise APIError(404, f"the model {body.model!r} does not exist; this server serves {model_name!r}",
                        param="model", code="model_not_found")
-    if body.n not in (None, 1):
-        raise APIError(400, f"n must be 1 (one completion per request), got {body.n}", param="n",
-                       code="unsupported_value")
     field = body.unsupported()
     if field is not None:
         raise APIError(400, f"{field} is not supported by this server", param=field, code="unsupported_parameter")
@@ -289,7 +353,33 @@ def _sampling(body: p._GenerationRequest, max_tokens: int, constraint: Constrain
         temperature=1.0 if body.temperature is None else body.temperature,  # OpenAI's default
         top_k=body.top_k or 0, top_p=1.0 if body.top_p is None else body.top_p, min_p=body.min_p or 0.0,
         seed=None if body.seed is None else body.seed % 2**64,  # numpy seeds must be non-negative
-        max_tokens=max_tokens, stop=stop, ignore_eos=body.ignore_eos, constraint=constraint)
+        max_tokens=max_tokens, stop=stop, ignore_eos=body.ignore_eos, constraint=constraint,
+        presence_penalty=body.presence_penalty or 0.0, frequency_penalty=body.frequency_penalty or 0.0,
+        repeat_penalty=1.0 if body.repeat_penalty is None else body.repeat_penalty,
+        repeat_last_n=64 if body.repeat_last_n is None else body.repeat_last_n,
+        logit_bias=_logit_bias(body.logit_bias), **_logprobs(body))
+
+
+def _logit_bias(bias: dict[str, float] | None) -> dict[int, float]:
+    """OpenAI's logit_bias (token ids as JSON object keys) -> {id: bias}; a key that is no id is a 400."""
+    out = {}
+    for key, value in (bias or {}).items():
+        if not key.strip().isdigit():
+            raise APIError(400, f"logit_bias keys are token ids, got {key!r}", param="logit_bias",
+                           code="invalid_value")
+        out[int(key)] = value
+    return out
+
+
+def _logprobs(body: p._GenerationRequest) -> dict[str, int | None]:
+    """What logprobs a request asks for: chat `logprobs` + `top_logprobs`, completions `logprobs`
+    (the alternatives per token) and, with `echo`, the prompt's too."""
+    if isinstance(body, p.ChatCompletionRequest):
+        if body.top_logprobs and not body.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs", code="invalid_value")
+        return {"logprobs": (body.top_logprobs or 0) if body.logprobs else None}
+    num = getattr(body, "logprobs", None)
+    return {"logprobs": num, "prompt_logprobs": num if getattr(body, "echo", False) else None}
 
 
 def _speculation(body: p._GenerationRequest, base: SpeculationConfig) -> tuple[SpeculationConfig | None,
@@ -331,29 +421,17 @@ def _fim_ids(engine: Engine, prefix: str | None, suffix: str) -> list[int]:
         raise APIError(400, str(exc), param="suffix", code="fim_unsupported") from None
 
 
-def _single_prompt(prompt, vocab_size: int) -> tuple[str | None, list[int] | None]:
-    """OpenAI's prompt forms -> (text, None) or (None, token ids); batches are refused."""
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-        if len(prompt) != 1:
-            raise APIError(400, f"one prompt per request is supported, got {len(prompt)}", param="prompt",
-                           code="unsupported_value")
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        return prompt, None
-    bad = next((t for t in prompt if t >= vocab_size), None)
-    if bad is not None:
-        raise APIError(400, f"token id {bad} is outside the vocabulary (size {vocab_size})", param="prompt",
-                       code="invalid_value")
-    return None, list(prompt)
-
-
 # ---------------------------------------------------------------------- engine results -> responses
 # Figures that grow with the prompt work a cache saved: the target's prefill, and the draft
 # model's catch-up at its first proposal (inside decode and draft time).
 _CACHE_TIMINGS = ("prefill_ms", "decode_ms", "draft_ms", "tokens_per_second", "tokens_per_second_e2e")
 
 
-def _usage(done: Finished) -> p.Usage:
+def _usage(choices_done: Finished | list[Finished], n: int = 1) -> p.Usage:
+    """Usage of one choice, or of several (prompt tokens once per prompt, completion tokens summed;
+    usage.speculative is the first choice's)."""
+    many = choices_done if isinstance(choices_done, list) else [choices_done]
+    done = many[0]
     s = done.result.stats
     speculative = s.to_dict()
     if not done.cache_visible:
@@ -366,9 +444,11 @@ def _usage(done: Finished) -> p.Usage:
         accepted = s.accepted_by.get("prediction", 0)
         details = p.CompletionTokensDetails(accepted_prediction_tokens=accepted,
                                             rejected_prediction_tokens=s.drafted_by.get("prediction", 0) - accepted)
+    prompt_tokens = sum(d.result.stats.num_prompt_tokens for d in many[::n])
+    completion_tokens = sum(d.result.stats.num_generated for d in many)
     return p.Usage(
-        prompt_tokens=s.num_prompt_tokens, completion_tokens=s.num_generated,
-        total_tokens=s.num_prompt_tokens + s.num_generated,
+        prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
         prompt_tokens_details=p.PromptTokensDetails(cached_tokens=speculative["num_reused_tokens"]),
         completion_tokens_details=details, speculative=p.SpeculativeUsage(**speculative))
 
@@ -427,13 +507,13 @@ async def _job_events(job: Job, request: Request) -> AsyncIterator[Piece | Finis
             job.cancel("client disconnected")
 
 
-async def _collect(job: Job, request: Request, whole: Callable[[str, Finished], Any]) -> Any:
+async def _collect(job: Job, request: Request) -> Finished:
     async for event in _job_events(job, request):
         if isinstance(event, Finished):
             if event.result.finish_reason == "cancelled":
                 raise APIError(503, "the generation was cancelled (server shutting down)", type="server_error",
                                code="unavailable")
-            return whole(event.result.text, event)
+            return event
         if isinstance(event, Failed):
             raise _failure(event)
     # Only reached when the client disconnected; nobody reads this reply.

@@ -79,12 +79,16 @@ class _GenerationRequest(_Request):
     min_p: float | None = Field(None, ge=0, lt=1, description="Extension: 0 disables it.")
     seed: int | None = Field(None, description="Taken modulo 2**64.")
     stop: StopString | Annotated[list[StopString], Field(max_length=16)] | None = None
-    n: int | None = Field(None, description="Only 1 is supported.")
+    n: int | None = Field(None, ge=1, le=128, description="Independent choices per prompt (temperature 0: equal).")
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float | None = Field(None, description="Only 0 is supported.")
-    frequency_penalty: float | None = Field(None, description="Only 0 is supported.")
-    logit_bias: dict[str, float] | None = Field(None, description="Not supported (must be empty).")
+    presence_penalty: float | None = Field(None, ge=-2, le=2, description="Per token the answer holds (output only).")
+    frequency_penalty: float | None = Field(None, ge=-2, le=2, description="Per occurrence in the answer.")
+    repeat_penalty: float | None = Field(None, gt=0, description="Extension (llama.cpp): over the last "
+                                         "repeat_last_n tokens, prompt included; 1 disables it.")
+    repeat_last_n: int | None = Field(None, ge=-1, description="Extension (llama.cpp): default 64, -1 all, 0 off.")
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
+        None, description="Token id (as a string) -> bias added to its logit.")
     user: str | None = None
     ignore_eos: bool = Field(False, description="Extension: keep generating past EOS (benchmarks).")
     speculation: SpeculationOptions | None = None
@@ -95,12 +99,6 @@ class _GenerationRequest(_Request):
 
     def unsupported(self) -> str | None:
         """Name of the first field set to a value this server cannot honour, else None."""
-        if self.presence_penalty:
-            return "presence_penalty"
-        if self.frequency_penalty:
-            return "frequency_penalty"
-        if self.logit_bias:
-            return "logit_bias"
         return None
 
 
@@ -113,13 +111,11 @@ class ChatMessage(_Request):
 class ChatCompletionRequest(_GenerationRequest):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: int | None = Field(None, ge=1, description="Preferred over max_tokens when both are set.")
-    logprobs: bool | None = Field(None, description="Not supported.")
-    top_logprobs: int | None = Field(None, description="Not supported.")
+    logprobs: bool | None = Field(None, description="Each answer token's logprob (the model's raw log-softmax).")
+    top_logprobs: int | None = Field(None, ge=0, le=20, description="Alternatives per token (needs logprobs).")
     tools: list[dict[str, Any]] | None = Field(None, description="Not supported.")
 
     def unsupported(self) -> str | None:
-        if self.logprobs or self.top_logprobs:
-            return "logprobs"
         if self.tools:
             return "tools"
         return super().unsupported()
@@ -130,17 +126,14 @@ TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 
 class CompletionRequest(_GenerationRequest):
     prompt: str | TokenIds | Annotated[list[str], Field(min_length=1)] | Annotated[list[TokenIds], Field(min_length=1)]
-    logprobs: int | None = Field(None, description="Not supported.")
-    echo: bool | None = Field(None, description="Not supported.")
+    max_tokens: int | None = Field(None, ge=0, description="0: no new tokens (with echo: the prompt scored).")
+    logprobs: int | None = Field(None, ge=0, le=5, description="Logprobs with this many alternatives per token.")
+    echo: bool | None = Field(None, description="The prompt before the answer (with its logprobs if asked).")
     suffix: str | None = Field(None, description="Text after the completion: fill in the middle with the model's "
                                                  "FIM tokens (a model without them answers 400).")
     best_of: int | None = Field(None, description="Only 1 is supported.")
 
     def unsupported(self) -> str | None:
-        if self.logprobs:
-            return "logprobs"
-        if self.echo:
-            return "echo"
         if self.best_of not in (None, 1):
             return "best_of"
         return super().unsupported()
@@ -208,7 +201,7 @@ class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
     finish_reason: FinishReason | None
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
 
 
 class ChatCompletion(BaseModel):
@@ -230,7 +223,7 @@ class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: ChatDelta
     finish_reason: FinishReason | None = None
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
 
 
 class ChatCompletionChunk(BaseModel):
@@ -247,7 +240,7 @@ class CompletionChoice(BaseModel):
     index: int = 0
     text: str
     finish_reason: FinishReason | None = None
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
 
 
 class Completion(BaseModel):

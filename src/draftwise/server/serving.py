@@ -17,8 +17,8 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from draftwise.batching import PREFILL_CHUNK, Batcher, Done, Emitted
 from draftwise.engine import Engine, Generation, Result
@@ -31,6 +31,7 @@ logger = logging.getLogger("draftwise.server")
 @dataclass(frozen=True)
 class Piece:
     text: str
+    logprobs: tuple = ()  # the TokenLogprobs of the tokens this text completes (when asked)
 
 
 @dataclass(frozen=True)
@@ -242,7 +243,7 @@ class Serving:
                 if isinstance(event, Emitted):
                     if job.first_piece_at is None:
                         job.first_piece_at = time.monotonic()
-                    job.push(Piece(event.text))
+                    job.push(Piece(event.text, event.logprobs))
                     continue
                 del jobs[id(event.generation)]
                 self.running = {s: j for s, j in self.running.items() if j is not job}
