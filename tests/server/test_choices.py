@@ -119,6 +119,11 @@ def test_tokenize_and_detokenize_in_llama_cpp_shape(server2):
     assert ids == server2.engine.tokenizer.encode("hello", add_special=False)
     pieces = httpx.post(f"{server2.url}/tokenize", json={"content": "hi", "with_pieces": True}).json()["tokens"]
     assert [p["piece"] for p in pieces] == ["h", "i"]
-    assert httpx.post(f"{server2.url}/detokenize", json={"tokens": ids}).json() == {"content": "hello"}
+    assert httpx.post(f"{server2.url}/detokenize", json={"tokens": ids}).json()["content"] == "hello"
+    # vLLM's names, which lm-eval's remote tokenizer uses
+    assert httpx.post(f"{server2.url}/tokenize", json={"prompt": "hello", "add_special_tokens": False}).json() == \
+        {"tokens": ids}
+    assert httpx.post(f"{server2.url}/detokenize", json={"tokens": ids}).json()["prompt"] == "hello"
+    assert "eos_token" in httpx.get(f"{server2.url}/tokenizer_info").json()
     bad = httpx.post(f"{server2.url}/detokenize", json={"tokens": [10_000]})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
