@@ -168,3 +168,19 @@ def test_constrained_answers_of_the_schema_suite_validate(engine):
             jsonschema.validate(json.loads(result.text), prompt.json_schema)
             if speculation.enabled:
                 assert result.stats.num_forced_tokens > 0
+
+
+def test_default_target_fills_in_the_middle(engine):
+    """Qwen2.5-Coder's FIM tokens come from llama.cpp's vocabulary (the GGUF has no fim metadata),
+    and the target completes a simple gap sensibly, with speculation as without."""
+    from draftwise.fim import fim_prompt, require_fim_tokens
+
+    tokens = require_fim_tokens(engine.tokenizer)
+    assert (tokens.prefix, tokens.suffix, tokens.middle, tokens.pad, tokens.repo, tokens.file_sep) == (
+        151659, 151660, 151661, 151662, 151663, 151664)
+    ids = fim_prompt(engine.tokenizer, "def add(a, b):\n    return ", "\n\n\nprint(add(2, 3))\n").ids
+    sampling = SamplingParams(max_tokens=16)
+    plain = engine.generate(prompt_ids=ids, sampling=sampling, speculation=SpeculationConfig(enabled=False))
+    spec = engine.generate(prompt_ids=ids, sampling=sampling, drafters=["ngram", "suffix"])
+    assert plain.text.strip() == "a + b", plain.text
+    assert spec.text == plain.text
