@@ -2,7 +2,7 @@
 # lm-evaluation-harness against `draftwise serve`, speculation off and on: the two local tasks in
 # scripts/lm_eval_tasks (draftwise_mc: loglikelihood multiple choice; draftwise_gen: generate_until),
 # through lm-eval's local-completions model with the server's own tokenizer (/tokenize, /tokenizer_info).
-# Usage: scripts/lm_eval_check.sh [TARGET] [DRAFT]   (default: the default pair; needs `pip install lm-eval`)
+# Usage: scripts/lm_eval_check.sh [TARGET] [DRAFT]   (default: the default pair; needs `pip install 'lm-eval[api]==0.4.13'`)
 # Prints each run's scores; the loglikelihood scores must be identical, generate_until equal but for near-ties.
 set -euo pipefail
 cd "$(dirname "$0")/.."
