@@ -25,6 +25,7 @@ from draftwise.cli.common import (
     stderr_console,
 )
 from draftwise.loading import load_engine, parse_drafters
+from draftwise.errors import ConfigError
 from draftwise.types import SamplingParams, SpeculationConfig
 
 SAMPLING = SamplingParams()
@@ -64,6 +65,8 @@ def generate(prompt, chat, system, draft, policy, k, max_tokens, temperature, to
              draft_temperature, seed, stop, as_json, datastore, branches, prediction_file, json_schema, json_object,
              regex, grammar, target, backend, n_ctx, threads, dtype, device) -> None:
     """Generate text with speculative decoding, streaming it to the terminal."""
+    if max_tokens < 1:  # the API's max_tokens 0 scores a prompt; generate has nothing to show for it
+        raise ConfigError(f"max_tokens must be >= 1, got {max_tokens}")
     prediction = None
     if prediction_file is not None:
         prediction = sys.stdin.read() if prediction_file == "-" else Path(prediction_file).read_text()
