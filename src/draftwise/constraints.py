@@ -258,7 +258,7 @@ class LazyGrammar:
         """Whether token completes the trigger after tail, and the tail after token."""
         seen = (*tail, int(token))
         n = len(self.trigger)
-        return seen[-n:] == self.trigger, seen[len(seen) - (n - 1):] if n > 1 else ()
+        return seen[-n:] == self.trigger, seen[max(0, len(seen) - (n - 1)):] if n > 1 else ()
 
     def _free_row(self, tail: tuple[int, ...]) -> np.ndarray:
         if self._free is None:

@@ -24,7 +24,7 @@ LAYERS: dict[str, int] = {
     # 1: pure functions over that data, and leaves with no model behind them
     "sampling": 1, "verify": 1, "metrics": 1, "models": 1, "constraints": 1,
     # 2: the seams' implementations; calibrate times a Backend, and the auto policy reads it
-    "backends": 2, "drafters": 2, "policy": 2, "calibrate": 2, "fim": 2,
+    "backends": 2, "drafters": 2, "policy": 2, "calibrate": 2, "fim": 2, "tools": 2,
     # 3: one request's state, and one step over a batch of them
     "step": 3, "request": 3,
     # 4: the loop over slots that calls the step (a request alone is a batch of one)

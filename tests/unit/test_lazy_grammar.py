@@ -121,6 +121,16 @@ def test_a_window_across_the_trigger_is_masked_row_by_row():
     assert not fork.triggered  # a fork moves on its own
 
 
+def test_a_long_trigger_fires_token_by_token():
+    trigger = "<tool_call>"  # 11 tokens in the toy vocabulary
+    grammar = compile_constraint(Constraint.lazy(CALLS, trigger), ToyBackend(BASE))
+    text = TOKENS.encode("ab" + trigger + "(a);(b)")
+    assert grammar.valid_prefix(text + TOKENS.encode("x")) == len(text)
+    for token in text[:-4]:
+        grammar.consume([token])
+    assert grammar.triggered
+
+
 def test_tool_choice_none_forbids_the_trigger():
     grammar = compile_constraint(Constraint.without(TRIGGER), ToyBackend(BASE))
     assert grammar.valid_prefix(TOKENS.encode("ab#<c")) == 3

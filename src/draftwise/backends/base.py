@@ -50,7 +50,15 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: Sequence[int]) -> str: ...
     def token_text(self, token_id: int) -> str: ...
-    def apply_chat_template(self, messages: Sequence[dict], *, add_generation_prompt: bool = True) -> str: ...
+    def apply_chat_template(self, messages: Sequence[dict], *, add_generation_prompt: bool = True,
+                            tools: Sequence[dict] | None = None) -> str:
+        """The prompt text; tools (OpenAI's function tools) are rendered as the template does."""
+        ...
+
+    @property
+    def chat_template(self) -> str | None:
+        """The chat template's source (None: the model has none); tells the tool-call format."""
+        ...
     def llguidance_tokenizer(self, n_vocab: int):
         """llguidance's LLTokenizer over this vocabulary, n_vocab wide (structured output)."""
         ...
@@ -171,7 +179,8 @@ _MARK_START, _MARK_END = "\ufdd0", "\ufdd1"
 _STRUCTURAL_KEYS = frozenset({"role", "type"})  # values from a fixed set that templates compare against
 
 
-def encode_chat(tokenizer: Tokenizer, messages: Sequence[dict], *, add_generation_prompt: bool = True) -> list[int]:
+def encode_chat(tokenizer: Tokenizer, messages: Sequence[dict], *, add_generation_prompt: bool = True,
+                tools: Sequence[dict] | None = None) -> list[int]:
     """The chat prompt's token ids, with every string the messages carry (content, names, tool
     text) tokenised as plain text: control tokens come only from the chat template itself.
 
@@ -187,12 +196,16 @@ def encode_chat(tokenizer: Tokenizer, messages: Sequence[dict], *, add_generatio
     the text, so the two sides cannot join into a control token.
     """
     controls = _control_pattern(tokenizer.control_texts)
-    forged = controls is not None and any(controls.search(s) for s in _strings(messages))
+    forged = controls is not None and any(controls.search(s) for s in _strings([messages, tools or []]))
+    extra = {"tools": list(tools)} if tools else {}
     if not forged:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **extra)
         utf8(text)  # text that is not valid Unicode is refused by name
         return tokenizer.encode(text, add_special=True)
-    marked = tokenizer.apply_chat_template(_marked(messages, controls), add_generation_prompt=add_generation_prompt)
+    if tools:
+        extra = {"tools": _marked(list(tools), controls)}
+    marked = tokenizer.apply_chat_template(_marked(messages, controls), add_generation_prompt=add_generation_prompt,
+                                           **extra)
     utf8(marked)
     # [text, marked control text, text, ..., text]; a lone marker leaves None in the odd place
     parts = re.split(f"{_MARK_START}({controls.pattern}){_MARK_END}|[{_MARK_START}{_MARK_END}]", marked)

@@ -115,10 +115,16 @@ class HFTokenizer:
             eos = min(self.eos_token_ids) if self.eos_token_ids else None
         return from_tokenizer(self._tok, n_vocab=n_vocab, eos_token=eos)
 
-    def apply_chat_template(self, messages: Sequence[dict], *, add_generation_prompt: bool = True) -> str:
+    @property
+    def chat_template(self) -> str | None:
+        template = getattr(self._tok, "chat_template", None)
+        return template if isinstance(template, str) else None
+
+    def apply_chat_template(self, messages: Sequence[dict], *, add_generation_prompt: bool = True,
+                            tools: Sequence[dict] | None = None) -> str:
         if not getattr(self._tok, "chat_template", None):
             raise BackendError("this model's tokenizer has no chat template; use a plain prompt")
-        return self._tok.apply_chat_template(list(messages), tokenize=False,
+        return self._tok.apply_chat_template(list(messages), tokenize=False, tools=list(tools) if tools else None,
                                              add_generation_prompt=add_generation_prompt)
 
 
@@ -147,7 +153,10 @@ class ByteTokenizer:
     def token_text(self, token_id: int) -> str:
         return chr(token_id) if 0 <= token_id < 256 else f"[PAD{token_id}]"
 
-    def apply_chat_template(self, messages: Sequence[dict], *, add_generation_prompt: bool = True) -> str:
+    chat_template: str | None = None
+
+    def apply_chat_template(self, messages: Sequence[dict], *, add_generation_prompt: bool = True,
+                            tools: Sequence[dict] | None = None) -> str:
         raise BackendError("this model has no tokenizer, so no chat template; use a plain prompt or token ids")
 
     def llguidance_tokenizer(self, n_vocab: int):

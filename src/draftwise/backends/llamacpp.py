@@ -91,7 +91,12 @@ class LlamaCppTokenizer:
         eos = self._c.llama_vocab_eos(self._vocab)
         return eos if eos in self.eos_token_ids or not self.eos_token_ids else min(self.eos_token_ids)
 
-    def apply_chat_template(self, messages: Sequence[dict], *, add_generation_prompt: bool = True) -> str:
+    @property
+    def chat_template(self) -> str | None:
+        return self._template or None
+
+    def apply_chat_template(self, messages: Sequence[dict], *, add_generation_prompt: bool = True,
+                            tools: Sequence[dict] | None = None) -> str:
         if not self._template:
             raise BackendError("this model has no chat template in its GGUF metadata; use a plain prompt")
         formatter = self._formatters.get(add_generation_prompt)
@@ -107,7 +112,7 @@ class LlamaCppTokenizer:
                 bos_token=text_of(self._llm.token_bos()),
                 add_generation_prompt=add_generation_prompt,
             )
-        return formatter(messages=list(messages)).prompt
+        return formatter(messages=list(messages), tools=list(tools) if tools else None).prompt
 
 
 class _SequenceOps:

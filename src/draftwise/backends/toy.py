@@ -46,7 +46,10 @@ class CharTokenizer:
     def token_text(self, token_id: int) -> str:
         return self._pieces[token_id]
 
-    def apply_chat_template(self, messages: Sequence[dict], *, add_generation_prompt: bool = True) -> str:
+    chat_template: str | None = None  # the toy's format below has no tools
+
+    def apply_chat_template(self, messages: Sequence[dict], *, add_generation_prompt: bool = True,
+                            tools: Sequence[dict] | None = None) -> str:
         text = "".join(f"{m['role'][0]}:{m['content']}\n" for m in messages)
         return text + ("a:" if add_generation_prompt else "")
 

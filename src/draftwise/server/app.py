@@ -28,6 +28,7 @@ from draftwise.server import protocol as p
 from draftwise.server.errors import BODY_TIMEOUT_S, APIError
 from draftwise.server.metrics import ServerMetrics
 from draftwise.server.serving import MAX_QUEUE, Failed, Finished, Job, JobCancelled, Piece, ServerBusy, Serving
+from draftwise.server.tools import ChatTools, answer, chat_tools, deltas, message_fields
 from draftwise.types import SamplingParams, SpeculationConfig
 
 DISCONNECT_POLL_S = 0.25
@@ -69,7 +70,7 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, *, a
 
     async def start(body: p._GenerationRequest, request: Request, endpoint: str, prefix: str, *,
                     prompt: Any = None, messages: list[dict] | None = None, max_tokens: int | None = None,
-                    default_max_tokens: int | None = None) -> list[Job]:
+                    default_max_tokens: int | None = None, tools: ChatTools | None = None) -> list[Job]:
         """Validate, tokenise and queue a request, one Job per choice (each prompt n times, see
         server.choices); library errors become 4xx APIErrors (then no job stays queued).
 
@@ -84,7 +85,8 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, *, a
             items = [None] if messages is not None else choices.prompts(prompt, engine.target.vocab_size)
             try:
                 for item in items:
-                    prepared = await asyncio.to_thread(prepare, body, item, messages, max_tokens, default_max_tokens)
+                    prepared = await asyncio.to_thread(prepare, body, item, messages, max_tokens, default_max_tokens,
+                                                       tools)
                     for copy in range(body.n or 1):
                         sampling = dataclasses.replace(prepared.sampling,
                                                        seed=choices.choice_seed(prepared.sampling.seed, copy))
@@ -118,15 +120,15 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, *, a
             raise
 
     def prepare(body: p._GenerationRequest, prompt: Any, messages: list[dict] | None, max_tokens: int | None,
-                default_max_tokens: int | None) -> _Prepared:
+                default_max_tokens: int | None, tools: ChatTools | None = None) -> _Prepared:
         """The request as engine values (worker thread): prompt ids, sampling, speculation."""
         text, prompt_ids = (None, None) if messages is not None else prompt
         suffix = getattr(body, "suffix", None)
         if suffix:  # fill in the middle: the prompt is the text before the gap, the suffix the text after
             prompt_ids = _fim_ids(engine, text, suffix)
         elif prompt_ids is None:
-            prompt_ids = serving.encode(text, messages)
-        constraint = _constraint(body)
+            prompt_ids = serving.encode(text, messages, tools.rendered if tools else None)
+        constraint = tools.plan.constraint if tools else _constraint(body)
         if constraint is not None:  # the model's tokenizer adapter, built once
             llguidance_tokenizer(engine.target)
         n_ctx = engine.target.n_ctx
@@ -182,8 +184,9 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, *, a
               responses={200: _STREAM_RESPONSE, **_ERROR_STATUSES})
     async def chat_completions(body: p.ChatCompletionRequest, request: Request):
         messages = [_message_dict(i, m) for i, m in enumerate(body.messages)]
+        tools, messages = chat_tools(body, engine.tokenizer, messages)
         jobs = await start(body, request, "chat", "chatcmpl", messages=messages,
-                           max_tokens=body.max_completion_tokens or body.max_tokens)
+                           max_tokens=body.max_completion_tokens or body.max_tokens, tools=tools)
         now, with_usage = int(time.time()), bool(body.stream_options and body.stream_options.include_usage)
         tokenizer = engine.tokenizer
 
@@ -197,18 +200,34 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, *, a
             return _sse(p.ChatCompletionChunk(id=jobs[0].id, created=now, model=model_name, choices=parts,
                                               usage=usage), with_usage)
 
+        def message(done: Finished) -> tuple[p.AssistantMessage, str | None]:
+            if tools is None:
+                return p.AssistantMessage(content=done.result.text), _finish_reason(done)
+            fields, finish = answer(tools, done.result.text, _finish_reason(done))
+            return p.AssistantMessage(**fields), finish
+
         def whole(done: list[Finished]) -> p.ChatCompletion:
             usage = _usage(done, body.n or 1)
             return p.ChatCompletion(id=jobs[0].id, created=now, model=model_name, usage=usage, choices=[
-                p.ChatChoice(index=i, message=p.AssistantMessage(content=d.result.text),
-                             finish_reason=_finish_reason(d), logprobs=logprobs(d.result.logprobs or []))
-                for i, d in enumerate(done)])
+                p.ChatChoice(index=i, message=m, finish_reason=finish, logprobs=logprobs(d.result.logprobs or []))
+                for i, d in enumerate(done) for m, finish in [message(d)]])
+
+        def text_chunk(i: int, piece: Piece) -> str:
+            if tools is None:
+                return chunk(i, p.ChatDelta(content=piece.text), entries=logprobs(piece.logprobs))
+            return deltas(tools.feed(i, piece.text), lambda delta: chunk(i, p.ChatDelta(**delta)))
+
+        def final_chunk(i: int, done: Finished) -> str:
+            if tools is None:
+                return chunk(i, p.ChatDelta(), _finish_reason(done))
+            held, called = tools.finish(i)
+            finish = _finish_reason(done)
+            return (deltas(held, lambda delta: chunk(i, p.ChatDelta(**delta)))
+                    + chunk(i, p.ChatDelta(), "tool_calls" if called and finish == "stop" else finish))
 
         return await stream_or_collect(
             jobs, body, request, opening=lambda i: chunk(i, p.ChatDelta(role="assistant", content="")),
-            text_chunk=lambda i, piece: chunk(i, p.ChatDelta(content=piece.text),
-                                              entries=logprobs(piece.logprobs)),
-            final_chunk=lambda i, done: chunk(i, p.ChatDelta(), _finish_reason(done)),
+            text_chunk=text_chunk, final_chunk=final_chunk,
             usage_chunk=lambda usage: chunk(0, None, usage=usage), whole=whole)
 
     @app.post("/v1/completions", response_model=p.Completion, tags=["openai"],
@@ -344,6 +363,8 @@ def _prediction(body: p._GenerationRequest) -> str | None:
 
 
 def _constraint_param(body: p._GenerationRequest) -> str:
+    if getattr(body, "tools", None):
+        return "tools"
     return "grammar" if body.grammar is not None else "regex" if body.regex is not None else "response_format"
 
 
@@ -407,7 +428,8 @@ def _message_dict(index: int, message: p.ChatMessage) -> dict[str, Any]:
                                param=f"messages.{index}.content", code="unsupported_value")
         content = "".join(part.text or "" for part in content)
     # Chat templates know system/user/assistant/tool; OpenAI's newer "developer" is a system message.
-    return {"role": "system" if message.role == "developer" else message.role, "content": content or ""}
+    return {"role": "system" if message.role == "developer" else message.role, "content": content or "",
+            **message_fields(message)}
 
 
 def _fim_ids(engine: Engine, prefix: str | None, suffix: str) -> list[int]:

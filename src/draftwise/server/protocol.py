@@ -106,6 +106,8 @@ class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = Field(None, description="An assistant message's calls.")
+    tool_call_id: str | None = Field(None, description="The call a tool message answers.")
 
 
 class ChatCompletionRequest(_GenerationRequest):
@@ -113,11 +115,12 @@ class ChatCompletionRequest(_GenerationRequest):
     max_completion_tokens: int | None = Field(None, ge=1, description="Preferred over max_tokens when both are set.")
     logprobs: bool | None = Field(None, description="Each answer token's logprob (the model's raw log-softmax).")
     top_logprobs: int | None = Field(None, ge=0, le=20, description="Alternatives per token (needs logprobs).")
-    tools: list[dict[str, Any]] | None = Field(None, description="Not supported.")
+    tools: list[dict[str, Any]] | None = Field(None, description="Function tools (see the README's Tool calling).")
+    tool_choice: str | dict[str, Any] | None = Field(None, description='"none", "auto" (default), "required" or '
+                                                     '{"type": "function", "function": {"name": ...}}.')
+    parallel_tool_calls: bool | None = Field(None, description="false: at most one call (default true).")
 
     def unsupported(self) -> str | None:
-        if self.tools:
-            return "tools"
         return super().unsupported()
 
 
@@ -189,12 +192,13 @@ class Usage(BaseModel):
     speculative: SpeculativeUsage | None = None
 
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "tool_calls"]
 
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 class ChatChoice(BaseModel):
@@ -217,6 +221,7 @@ class ChatCompletion(BaseModel):
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 class ChatChunkChoice(BaseModel):

@@ -20,6 +20,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from draftwise.backends.base import encode_chat
 from draftwise.batching import PREFILL_CHUNK, Batcher, Done, Emitted
 from draftwise.engine import Engine, Generation, Result
 from draftwise.server.metrics import ServerMetrics
@@ -132,8 +133,12 @@ class Serving:
         return self.engine.num_slots - len(self.running)
 
     # ------------------------------------------------------------ event-loop side
-    def encode(self, prompt: str | None = None, messages: Sequence[dict] | None = None) -> list[int]:
-        """Tokenise (chat template for messages). Thread-safe: it reads the vocabulary only."""
+    def encode(self, prompt: str | None = None, messages: Sequence[dict] | None = None,
+               tools: Sequence[dict] | None = None) -> list[int]:
+        """Tokenise (chat template for messages, with tools if any). Thread-safe: it reads the
+        vocabulary only."""
+        if tools:
+            return encode_chat(self.engine.tokenizer, messages, tools=tools)
         return self.engine.encode_prompt(prompt, messages)
 
     def submit(self, job: Job, sampling: SamplingParams, speculation: SpeculationConfig | None,

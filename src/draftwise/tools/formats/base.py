@@ -1,0 +1,259 @@
+"""What a tool-call format is (ToolFormat), and the shared kind most formats are: a trigger
+text, then each call as a JSON object {"name": ..., "arguments": {...}} and a closing text
+(JsonCallsFormat: its Lark grammar, built from the tools, and its streaming parser).
+
+A format module only names its texts (Hermes: "<tool_call>", "\\n", "\\n</tool_call>") and says
+which chat templates are its own; one whose calls are shaped otherwise overrides grammar/parser.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from draftwise.tools.spec import Tool, ToolChoice
+
+# JSON in calls is written with json.dumps' separators and no other whitespace (constraints.py
+# JSON_OVERRIDES, for the same reason): chat templates render past calls with tojson, which
+# writes the same. Non-strict tools get llguidance's lenient mode (schema keywords it does not
+# support are ignored, as OpenAI does not enforce a non-strict schema).
+ARGS_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # the JSON text the model wrote for the arguments object
+
+    def as_openai(self) -> dict:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """An answer read as OpenAI's message: content (None when only calls) and the calls."""
+
+    content: str | None
+    calls: tuple[ToolCall, ...] = ()
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    """One delta: text content, or a call's start (index, id, name), or a fragment of its arguments."""
+
+    content: str | None = None
+    index: int | None = None
+    id: str | None = None
+    name: str | None = None
+    arguments: str | None = None
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def lark_literal(text: str) -> str:
+    """A Lark string literal. Example: 'say "hi"\\n' -> '"say \\\\"hi\\\\"\\\\n"'."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def schema_for(tool: Tool) -> dict:
+    """The arguments schema with llguidance's options; strict: objects allow no other keys
+    unless they say so (OpenAI's strict mode)."""
+    schema = json.loads(json.dumps(tool.parameters))  # a copy
+    if tool.strict:
+        _close_objects(schema)
+    return {**schema, "x-guidance": {**ARGS_OPTIONS, "lenient": not tool.strict}}
+
+
+def _close_objects(schema) -> None:
+    if isinstance(schema, dict):
+        if schema.get("type") == "object" and "additionalProperties" not in schema:
+            schema["additionalProperties"] = False
+        for value in schema.values():
+            _close_objects(value)
+    elif isinstance(schema, list):
+        for value in schema:
+            _close_objects(value)
+
+
+class ToolFormat:
+    """A model family's tool calls. `trigger` starts the calls (the lazy grammar's trigger)."""
+
+    name: str = ""
+    trigger: str = ""
+
+    def matches(self, template: str) -> bool:
+        """Whether a chat template is this format's (it renders tools and calls this way)."""
+        raise NotImplementedError
+
+    def grammar(self, tools: Sequence[Tool], choice: ToolChoice, parallel: bool, tag: Callable[[str], str],
+                *, lazy: bool) -> str:
+        """Lark grammar of the calls; lazy: of what follows the trigger, else trigger included.
+        tag(text) is the Lark for a fixed text (a single token where the vocabulary has one)."""
+        raise NotImplementedError
+
+    def parser(self) -> JsonCallsParser:
+        raise NotImplementedError
+
+    def parse(self, text: str) -> Parsed:
+        """A whole answer; if a call does not parse (cut short), the whole text is content."""
+        parser = self.parser()
+        parser.feed(text)
+        parser.finish()
+        if parser.broken or not parser.calls:
+            return Parsed(text)
+        return Parsed(parser.content or None, tuple(parser.calls))
+
+
+class JsonCallsFormat(ToolFormat):
+    """trigger + opener + {"name": "<name>", "arguments": <object>} + closer, calls joined by
+    separator (each call starts with the trigger again)."""
+
+    opener: str = ""
+    closer: str = ""
+    separator: str = ""
+
+    def grammar(self, tools: Sequence[Tool], choice: ToolChoice, parallel: bool, tag: Callable[[str], str],
+                *, lazy: bool) -> str:
+        chosen = [t for t in tools if choice.mode != "named" or t.name == choice.name]
+        many = parallel and choice.mode != "named"
+        trigger = tag(self.trigger)
+        head = "" if lazy else f"{trigger} "
+        more = f" ({lark_literal(self.separator)} {trigger} call)*" if many else ""
+        lines = [f"start: {head}call{more}",
+                 f'call: {lark_literal(self.opener + "{")} fn {lark_literal("}")} {_tagged(self.closer, tag)}',
+                 "fn: " + " | ".join(f"fn_{i}" for i in range(len(chosen)))]
+        for i, tool in enumerate(chosen):
+            key = lark_literal(f'"name": {json.dumps(tool.name)}, "arguments": ')
+            lines.append(f"fn_{i}: {key} args_{i}")
+            lines.append(f"args_{i}: %json {json.dumps(schema_for(tool), ensure_ascii=False)}")
+        return "\n".join(lines) + "\n"
+
+    def parser(self) -> JsonCallsParser:
+        return JsonCallsParser(self)
+
+
+def _tagged(text: str, tag: Callable[[str], str]) -> str:
+    """Lark for a closer such as "\\n</tool_call>": the tag part through tag(), the rest literal."""
+    start = text.find("<")
+    if start <= 0:
+        return tag(text) if start == 0 else lark_literal(text)
+    return f"{lark_literal(text[:start])} {tag(text[start:])}"
+
+
+_CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
+
+
+class JsonCallsParser:
+    """Reads an answer piece by piece into content deltas and call deltas (a call's id and name
+    once its name is complete, then its arguments as they arrive). Content that could be the
+    start of the trigger, and whitespace before it, is held back until it is known not to be."""
+
+    def __init__(self, fmt: JsonCallsFormat) -> None:
+        self.fmt = fmt
+        self._buf = ""
+        self._mode = "text"  # text -> head -> args -> close -> between -> head ...
+        self.content = ""
+        self.calls: list[ToolCall] = []
+        self._current: dict | None = None
+        self._depth, self._in_string, self._escape = 0, False, False
+        self.broken = False  # the answer ended inside a call
+
+    def feed(self, text: str) -> list[StreamEvent]:
+        self._buf += text
+        events: list[StreamEvent] = []
+        while True:
+            step = getattr(self, f"_{self._mode}")()
+            if step is None:
+                return events
+            if step.content or step.name or step.arguments:
+                events.append(step)
+
+    def finish(self) -> list[StreamEvent]:
+        """The held text at the end of the answer."""
+        if self._mode == "text" and self._buf:
+            rest, self._buf = self._buf, ""
+            self.content += rest
+            return [StreamEvent(content=rest)]
+        if self._mode in ("head", "args", "close"):
+            self.broken = True
+        return []
+
+    # each mode reads what it can from the buffer: an event (maybe empty) or None (needs more text)
+    def _text(self) -> StreamEvent | None:
+        buf, trigger = self._buf, self.fmt.trigger
+        at = buf.find(trigger)
+        if at >= 0:
+            before = buf[:at].rstrip()
+            self._buf, self._mode = buf[at + len(trigger):], "head"
+            self.content += before
+            return StreamEvent(content=before)
+        hold = next((n for n in range(min(len(trigger) - 1, len(buf)), 0, -1) if trigger.startswith(buf[-n:])), 0)
+        emit = buf[: len(buf) - hold].rstrip()
+        if not emit:
+            return None
+        self._buf = buf[len(emit):]
+        self.content += emit
+        return StreamEvent(content=emit)
+
+    def _head(self) -> StreamEvent | None:
+        match = _CALL_HEAD.match(self._buf)
+        if match is None or match.end() == len(self._buf):  # the arguments have not begun yet
+            return None
+        name = json.loads(f'"{match.group(1)}"')
+        self._buf, self._mode = self._buf[match.end():], "args"
+        self._current = {"id": new_call_id(), "name": name, "arguments": ""}
+        self._depth, self._in_string, self._escape = 0, False, False
+        return StreamEvent(index=len(self.calls), id=self._current["id"], name=name)
+
+    def _args(self) -> StreamEvent | None:
+        if not self._buf:
+            return None
+        end = None
+        for i, ch in enumerate(self._buf):
+            if self._in_string:
+                if self._escape:
+                    self._escape = False
+                elif ch == "\\":
+                    self._escape = True
+                elif ch == '"':
+                    self._in_string = False
+            elif ch == '"':
+                self._in_string = True
+            elif ch in "{[":
+                self._depth += 1
+            elif ch in "}]":
+                self._depth -= 1
+                if self._depth == 0:
+                    end = i + 1
+                    break
+        piece = self._buf if end is None else self._buf[:end]
+        self._buf = self._buf[len(piece):]
+        self._current["arguments"] += piece
+        if end is not None:
+            self._mode = "close"
+        return StreamEvent(index=len(self.calls), arguments=piece)
+
+    def _close(self) -> StreamEvent | None:
+        closer = "}" + self.fmt.closer
+        stripped = self._buf.lstrip()
+        if not stripped.startswith(closer):
+            return None
+        self._buf = stripped[len(closer):]
+        self.calls.append(ToolCall(**self._current))
+        self._current, self._mode = None, "between"
+        return StreamEvent()
+
+    def _between(self) -> StreamEvent | None:
+        stripped = self._buf.lstrip()
+        if stripped.startswith(self.fmt.trigger):
+            self._buf, self._mode = stripped[len(self.fmt.trigger):], "head"
+            return StreamEvent()
+        if stripped and not self.fmt.trigger.startswith(stripped):
+            self._buf = ""  # text after the calls (no grammar allows it) is not part of the message
+        return None

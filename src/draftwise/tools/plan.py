@@ -1,0 +1,43 @@
+"""A tool request as the engine decodes it: the model's format, and the Constraint for its
+tool_choice (none: text without the trigger; auto: lazy, free text until the trigger, then the
+calls; required / named: the calls from the first token)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from draftwise.constraints import Constraint
+from draftwise.tools.formats import ToolFormat, format_for
+from draftwise.tools.formats.base import lark_literal
+from draftwise.tools.spec import Tool, ToolChoice, ToolSpecError
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    format: ToolFormat
+    tools: tuple[Tool, ...]
+    choice: ToolChoice
+    constraint: Constraint
+
+
+def tool_plan(tokenizer, tools: Sequence[Tool], choice: ToolChoice, parallel: bool = True) -> ToolPlan:
+    """The format of the tokenizer's chat template and the constraint of the request. A template
+    without tool support is refused (ToolSpecError on `tools`): see the README's Tool calling."""
+    fmt = format_for(getattr(tokenizer, "chat_template", None))
+    if fmt is None:
+        raise ToolSpecError("this model's chat template has no tool support (no tool-call format this server "
+                            "knows), so it cannot take tools", "tools")
+
+    def tag(text: str) -> str:
+        ids = tokenizer.encode(text, add_special=False, parse_special=True)
+        if len(ids) == 1 and tokenizer.decode(ids) == text:
+            return f"<[{ids[0]}]>"  # the token itself: its text in pieces is not the tag
+        return lark_literal(text)
+
+    if choice.mode == "none":
+        constraint = Constraint.without(fmt.trigger)
+    else:
+        grammar = Constraint.grammar(fmt.grammar(tools, choice, parallel, tag, lazy=choice.mode == "auto"))
+        constraint = Constraint.lazy(grammar, fmt.trigger) if choice.mode == "auto" else grammar
+    return ToolPlan(fmt, tuple(tools), choice, constraint)
