@@ -125,6 +125,7 @@ class Batcher:
         fails ends alone; only a failed shared forward ends every request in it."""
         events: list[Event] = []
         with self.engine.lock:
+            t_step = time.perf_counter()
             for a in list(self.active):
                 if a.request.cancelled is not None and a.request.cancelled():
                     a.request.stats.finish_reason = "cancelled"
@@ -161,14 +162,18 @@ class Batcher:
                     now = time.perf_counter()
                     a.request.stats.prefill_ms = 1000 * (now - a.admitted_at)
                     a.request.t_decode = now
+            pushed = []  # (active, its text piece, its context when the step began)
             for a, outcome in zip(decoding, result.outcomes):
+                context = len(a.request.context)
                 try:
                     if isinstance(outcome, Exception):
                         raise outcome
-                    piece = a.request.push(outcome)
+                    pushed.append((a, a.request.push(outcome), context))
                 except Exception as exc:
                     events += self.fail([a], exc)
-                    continue
+            step_ms = 1000 * (time.perf_counter() - t_step)
+            for a, piece, context in pushed:
+                a.request.stats.record_time(result.phase_ms, step_ms, result.rows, context)
                 if piece:
                     events.append(Emitted(a.generation, piece, tuple(a.request.take_logprobs())))
                 if a.request.stats.finish_reason:

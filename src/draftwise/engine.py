@@ -252,6 +252,7 @@ class Engine:
             stats.finish_reason = "cancelled"
         text = req.flush()
         stats.decode_ms = 1000 * (time.perf_counter() - req.t_decode)
+        stats.close_time_account()
         stats.num_generated = len(req.generated)
         stats.policy = req.policy.snapshot()
         stats.num_draft_reused_tokens = sum(getattr(d, "num_reused_tokens", 0) for d in req.drafters)

@@ -45,8 +45,27 @@ class RequestStats:
     k_choices: Counter = field(default_factory=Counter)  # planned k -> steps
     drafted_by: Counter = field(default_factory=Counter)  # drafter name -> draft tokens verified
     accepted_by: Counter = field(default_factory=Counter)  # drafter name -> draft tokens accepted
+    # The time account of the decode: milliseconds per step phase (force, plan, draft, forward,
+    # masks, verify, commit; a batched step's shared phases count for every request in it), the
+    # loop around the step ("loop": bookkeeping, stop strings, detokenising) and "other", the
+    # rest of decode_ms (between steps: the caller). They sum to decode_ms.
+    time_ms: dict = field(default_factory=dict)
+    # Per step: (target rows in its forward, context length, forward ms, step ms incl. the loop);
+    # `draftwise replay` prices the same steps on the calibrated curve beside these.
+    step_times: list = field(default_factory=list)
     policy: dict = field(default_factory=dict)  # the policy's final estimates
     skipped_drafters: dict = field(default_factory=dict)  # drafter -> why it was not loaded
+
+    def record_time(self, phase_ms: dict[str, float], step_ms: float, rows: int, context: int) -> None:
+        """Add one step's phases to the time account; step_ms is the loop's whole step."""
+        for phase, ms in phase_ms.items():
+            self.time_ms[phase] = self.time_ms.get(phase, 0.0) + ms
+        self.time_ms["loop"] = self.time_ms.get("loop", 0.0) + step_ms - sum(phase_ms.values())
+        self.step_times.append((rows, context, round(phase_ms.get("forward", 0.0), 3), round(step_ms, 3)))
+
+    def close_time_account(self) -> None:
+        """The rest of decode_ms, outside the steps (call once decode_ms is final)."""
+        self.time_ms["other"] = self.decode_ms - sum(v for k, v in self.time_ms.items() if k != "other")
 
     def record(self, step: StepStats) -> None:
         self.num_steps += 1
@@ -140,6 +159,8 @@ class RequestStats:
             "drafted_by_drafter": dict(self.drafted_by),
             "accepted_by_drafter": dict(self.accepted_by),
             "k_choices": {str(k): v for k, v in sorted(self.k_choices.items())},
+            "time_ms": {k: round(v, 3) for k, v in self.time_ms.items()},
+            "step_times": [list(t) for t in self.step_times],
             "policy": self.policy,
             "skipped_drafters": self.skipped_drafters,
         }

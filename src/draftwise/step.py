@@ -14,7 +14,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 import numpy as np
@@ -81,6 +81,9 @@ class StepResult:
     outcomes: list[Outcome]  # per request, in the order given
     rows: int = 0  # target rows in the forward (0: none ran)
     forward_error: Exception | None = None  # the shared forward failed: every item in it ends
+    # Milliseconds per phase (force, plan, draft, forward, verify, commit, and masks: the grammar
+    # masks computed while forcing and verifying, taken out of those two): the time account.
+    phase_ms: dict[str, float] = field(default_factory=dict)
 
 
 class PhaseClock:
@@ -103,6 +106,18 @@ class PhaseClock:
             lap.ms = 1000 * (time.perf_counter() - t0)
             self.ms[phase] += lap.ms
 
+    @contextmanager
+    def masks(self, phase: str, reqs: Sequence[Request]) -> Iterator[None]:
+        """Move the grammar-mask time the requests' grammars count inside `phase` to "masks"."""
+        grammars = [r.grammar for r in reqs if r.grammar is not None]
+        before = sum(g.mask_ms for g in grammars)
+        try:
+            yield
+        finally:
+            spent = sum(g.mask_ms for g in grammars) - before
+            self.ms[phase] -= spent
+            self.ms["masks"] += spent
+
 
 def step(target: Backend, reqs: Sequence[Request], prefills: Sequence[Prefill] = (),
          *, trees: bool = False, target_time=None) -> StepResult:
@@ -115,13 +130,15 @@ def step(target: Backend, reqs: Sequence[Request], prefills: Sequence[Prefill] =
     out: list[Outcome] = [None] * len(reqs)
     clock = PhaseClock()
     ready = {}
-    for i, forced in _each(out, dict(enumerate(reqs)), lambda i, req: force(req)).items():
+    with clock("force"), clock.masks("force", reqs):
+        forcing = _each(out, dict(enumerate(reqs)), lambda i, req: force(req))
+    for i, forced in forcing.items():
         if isinstance(forced, Ready):
             ready[i] = forced
         else:
             out[i] = forced  # the forced tokens end the request, or nothing fits
     if not ready and not prefills:
-        return StepResult(out)
+        return StepResult(out, phase_ms=dict(clock.ms))
     with clock("plan") as planning:
         plans = plan({i: (reqs[i], r) for i, r in ready.items()}, sum(len(item[1]) for item in prefills), out)
     plan_share = planning.ms / max(1, len(plans))
@@ -141,16 +158,18 @@ def step(target: Backend, reqs: Sequence[Request], prefills: Sequence[Prefill] =
     except Exception as exc:  # a shared act: no one request to blame
         for i in drafted:
             out[i] = exc
-        return StepResult(out, forward_error=exc)
+        return StepResult(out, forward_error=exc, phase_ms=dict(clock.ms))
     fwd = Forward(logits, lap.ms, rows, len(drafted) + len(prefills) > 1)
     if fwd.batched and target_time is not None:
         target_time.observe(rows, fwd.ms)  # the shared forward, once at its total rows
     row_logits = dict(zip(drafted, logits))
-    verified = _each(out, drafted, lambda i, d: verify(reqs[i], d, row_logits[i]))
-    committed = _each(out, verified, lambda i, v: commit(reqs[i], v, fwd, len(drafted)))
+    with clock("verify"), clock.masks("verify", reqs):
+        verified = _each(out, drafted, lambda i, d: verify(reqs[i], d, row_logits[i]))
+    with clock("commit"):
+        committed = _each(out, verified, lambda i, v: commit(reqs[i], v, fwd, len(drafted)))
     for i, tokens in committed.items():
         out[i] = tokens
-    return StepResult(out, rows)
+    return StepResult(out, rows, phase_ms=dict(clock.ms))
 
 
 def _each(out: list[Outcome], items: dict[int, T], phase: Callable[[int, T], U]) -> dict[int, U]:

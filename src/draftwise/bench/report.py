@@ -220,6 +220,15 @@ def render_markdown(results: dict, plots: Sequence[str] = ()) -> str:
                         rows.append((f"{temperature:g}", variant, ctx, a[1], a[2], a[4], a[5]))
         out += [markdown_table(("T", "method", "context tokens", "tok/s", "speedup", "acceptance", "tokens/step"),
                                rows), ""]
+    account = time_account_rows(records)
+    if account:
+        out += ["## Where the decode time goes", "",
+                "Per method, the share of the measured decode time in each part of the step (all prompts pooled): "
+                "forward (the target's forward passes), draft (planning and drafting, lookups included), masks "
+                "(grammar masks), force (forced tokens), verify (verification and sampling), commit (cache "
+                "truncation, grammar advance, stats), loop (the loop around the step: stop strings, detokenising), "
+                "other (the rest of the decode time, between steps). `accounted` is the share the measured parts (all but other) add up to; ms/step is the decode time per step.", "",
+                markdown_table(("T", "method", *ACCOUNT_PARTS, "accounted", "ms/step"), account), ""]
     memory = meta.get("memory") or {}
     if memory:
         out += ["## Memory", "", markdown_table(("measure", "MB"), [(k, v) for k, v in memory.items()]), ""]
@@ -262,6 +271,32 @@ def structured_rows(records: Sequence[dict]) -> list[tuple]:
                          "-" if vs_free is None else f"{vs_free:.2f}x",
                          f"{mask_ms / generated:.3f}" if generated else "-",
                          f"{forced / generated:.0%}" if generated else "-", _format(a)[5], _format(a)[6]))
+    return rows
+
+
+ACCOUNT_PARTS = ("forward", "draft", "masks", "force", "verify", "commit", "loop", "other")
+
+
+def time_account_rows(records: Sequence[dict]) -> list[tuple]:
+    """Per temperature x variant: each part's share of the decode time (plan counts as draft).
+
+    Example: forward 80 ms, draft 10 ms, loop 9 ms of a 100 ms decode -> 80%, 10%, ..., other 1%,
+    accounted 99%."""
+    rows = []
+    timed = [r for r in records if r.get("time_ms") and r.get("decode_ms") and not r.get("error")]
+    for temperature in sorted({float(r["temperature"]) for r in timed}):
+        group = [r for r in timed if float(r["temperature"]) == temperature]
+        for variant in _variant_order(group):
+            rs = [r for r in group if variant_label(r) == variant]
+            decode = sum(r["decode_ms"] for r in rs)
+            parts = defaultdict(float)
+            for r in rs:
+                for part, ms in r["time_ms"].items():
+                    parts["draft" if part == "plan" else part] += ms
+            steps = sum(r["num_steps"] for r in rs)
+            rows.append((f"{temperature:g}", variant, *(f"{parts[p] / decode:.1%}" for p in ACCOUNT_PARTS),
+                         f"{sum(ms for p, ms in parts.items() if p != 'other') / decode:.1%}",
+                         f"{decode / steps:.1f}" if steps else "-"))
     return rows
 
 

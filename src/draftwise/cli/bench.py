@@ -4,6 +4,7 @@ server) and replay (a bench run's answers through the auto policy, no model run)
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import sys
 from dataclasses import replace
@@ -237,6 +238,7 @@ def replay(results_path, sets, datastore, categories, free_lookups, noise, seed,
     calibrated cost curve are used. Prints tokens/step and speedup per category and set.
     """
     from draftwise.bench import prompts as bench_prompts
+    from draftwise.bench import account as bench_account
     from draftwise.bench import replay as bench_replay
     from draftwise.bench.runner import load_results
 
@@ -271,8 +273,10 @@ def replay(results_path, sets, datastore, categories, free_lookups, noise, seed,
     finally:
         backend.close()
     summary = bench_replay.summarize(runs)
+    live = bench_account.splits(results, curve)  # records with a time account: live against replay
     if as_json:
-        click.echo(json.dumps(summary, indent=2))
+        click.echo(json.dumps({**summary, **({"live_vs_replay": [dataclasses.asdict(s) | {"kept": s.kept}
+                                                                  for s, _ in live]} if live else {})}, indent=2))
         return
     from rich.console import Console
     from rich.table import Table
@@ -286,4 +290,19 @@ def replay(results_path, sets, datastore, categories, free_lookups, noise, seed,
         table.add_row(category, *(f"{by_set[n]['tokens_per_step']:.2f} · {by_set[n]['speedup']:.3f}x"
                                   + (f" · oracle {by_set[n]['oracle_speedup']:.3f}x" if oracle else "")
                                   for n in drafter_sets))
-    Console(width=160).print(table)
+    console = Console(width=160)
+    console.print(table)
+    for result, buckets in live:
+        split = Table(title=f"{result.method}: measured decode time against the replayed forwards of the same "
+                            f"{result.num_steps} steps (kept {result.kept:.1%})")
+        for column in ("measured ms", "replayed ms", "cost-curve error", "noise", "step overhead", "other"):
+            split.add_column(column, justify="right")
+        split.add_row(*(f"{v:.0f}" for v in (result.decode_ms, result.replayed_ms, result.curve_error_ms,
+                                              result.noise_ms, result.overhead_ms, result.other_ms)))
+        console.print(split)
+        by_bucket = Table(title="forward by rows x context: measured against the curve (ms per step)")
+        for column in ("rows from", "context from", "steps", "measured", "curve", "median ratio"):
+            by_bucket.add_column(column, justify="right")
+        for rows, ctx, n, measured, modelled, ratio in buckets:
+            by_bucket.add_row(str(rows), str(ctx), str(n), f"{measured:.1f}", f"{modelled:.1f}", f"{ratio:.2f}")
+        console.print(by_bucket)
