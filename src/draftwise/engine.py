@@ -97,12 +97,16 @@ class Engine:
     def tokenizer(self):
         return self.target.tokenizer
 
-    def encode_prompt(self, prompt: str | None = None, messages: Sequence[dict] | None = None) -> list[int]:
+    def encode_prompt(self, prompt: str | None = None, messages: Sequence[dict] | None = None,
+                      tools: Sequence[dict] | None = None) -> list[int]:
+        """Prompt ids: the text, or the messages through the chat template (with OpenAI's function
+        tools rendered as the template does; see draftwise.tools for the calls' constraint)."""
         if (prompt is None) == (messages is None):
             raise ConfigError("give exactly one of prompt or messages")
         # Whatever the tokenizer does with it, text that is not valid Unicode is refused by name.
         if messages is not None:
-            return encode_chat(self.tokenizer, messages)  # message text stays text: no forged control tokens
+            # message text stays text: no forged control tokens
+            return encode_chat(self.tokenizer, messages, tools=tools)
         utf8(prompt)
         return self.tokenizer.encode(prompt, add_special=True)
 

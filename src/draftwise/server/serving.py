@@ -20,7 +20,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from draftwise.backends.base import encode_chat
 from draftwise.batching import PREFILL_CHUNK, Batcher, Done, Emitted
 from draftwise.engine import Engine, Generation, Result
 from draftwise.server.metrics import ServerMetrics
@@ -137,9 +136,7 @@ class Serving:
                tools: Sequence[dict] | None = None) -> list[int]:
         """Tokenise (chat template for messages, with tools if any). Thread-safe: it reads the
         vocabulary only."""
-        if tools:
-            return encode_chat(self.engine.tokenizer, messages, tools=tools)
-        return self.engine.encode_prompt(prompt, messages)
+        return self.engine.encode_prompt(prompt, messages, tools)
 
     def submit(self, job: Job, sampling: SamplingParams, speculation: SpeculationConfig | None,
                drafters: Sequence[str] | None, prediction: str | None = None) -> Job:

@@ -124,7 +124,11 @@ class JsonCallsFormat(ToolFormat):
         many = parallel and choice.mode != "named"
         trigger = tag(self.trigger)
         head = "" if lazy else f"{trigger} "
-        more = f" ({lark_literal(self.separator)} {trigger} call)*" if many else ""
+        # NOTE: the separator may also end the answer: a model that writes it after a call has not
+        # yet chosen between another call and the end, and forcing the trigger there made the
+        # default target repeat its call until max_tokens.
+        sep = lark_literal(self.separator)
+        more = f" ({sep} {trigger} call)* {sep}?" if many and self.separator else f" ({trigger} call)*" if many else ""
         lines = [f"start: {head}call{more}",
                  f'call: {lark_literal(self.opener + "{")} fn {lark_literal("}")} {_tagged(self.closer, tag)}',
                  "fn: " + " | ".join(f"fn_{i}" for i in range(len(chosen)))]
