@@ -10,7 +10,7 @@ are then distributed exactly as the target's own samples would be.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

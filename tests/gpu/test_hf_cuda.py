@@ -12,12 +12,11 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
-from tiny_qwen2 import VOCAB, perturbed, tiny_qwen2
-
 from draftwise.backends.hf import HFBackend, resolve_device
 from draftwise.drafters import ModelDrafter, NgramDrafter
 from draftwise.engine import Engine
 from draftwise.types import SamplingParams, SpeculationConfig
+from tiny_qwen2 import VOCAB, perturbed, tiny_qwen2
 
 PROMPT = [116, 257, 32, 99, 97, 116, 44, 258, 32, 99, 97, 116, 44, 258, 32]
 GREEDY = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)

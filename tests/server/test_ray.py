@@ -22,7 +22,6 @@ from draftwise.loading import LoadOptions, load_engine
 from draftwise.server import create_app
 from draftwise.server.ray_serve import APP_NAME, REPLICA_HEADER, ReplicaConfig, Scaling, deployment_options, ray_app
 from draftwise.types import SpeculationConfig
-
 from tests.server.conftest import LiveServer
 
 MODEL = "tiny"

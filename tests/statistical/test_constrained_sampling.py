@@ -10,7 +10,7 @@ import itertools
 import numpy as np
 import pytest
 
-from draftwise.backends.toy import ToyBackend, ToyModel
+from draftwise.backends.toy import ToyBackend
 from draftwise.constraints import Constraint, compile_constraint
 from draftwise.drafters import ModelDrafter, NgramDrafter
 from draftwise.drafters.grammar import GrammarDrafter

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from draftwise.sampling import sample, softmax, distribution
+from draftwise.sampling import distribution, sample, softmax
 from draftwise.types import Draft, SamplingParams
 from draftwise.verify import rejection_sample
 

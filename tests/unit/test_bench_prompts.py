@@ -6,8 +6,16 @@ import re
 import pytest
 
 from draftwise.backends.toy import CharTokenizer
-from draftwise.bench.prompts import (CATEGORIES, Prompt, PromptFileError, filler_for, filter_categories, load_prompts,
-                                     load_suite, pad_prompt)
+from draftwise.bench.prompts import (
+    CATEGORIES,
+    Prompt,
+    PromptFileError,
+    filler_for,
+    filter_categories,
+    load_prompts,
+    load_suite,
+    pad_prompt,
+)
 from draftwise.types import ConfigError
 
 GOOD = {"question_id": 1, "category": "math", "turns": ["What is 2 + 2?"]}

@@ -6,7 +6,6 @@ import json
 import math
 
 import pytest
-
 from click.testing import CliRunner
 
 from draftwise.bench.report import category_rows, geomean, render_markdown, write_report

@@ -53,10 +53,10 @@ def test_generate_streams_and_prints_summary(tiny):
 
 
 def test_mismatched_draft_refused(tiny, tmp_path):
-    from tiny_gguf import write_tiny_gguf
-
     # Same architecture, different token texts: build a vocab with one token renamed.
     import gguf  # noqa: F401
+
+    from tiny_gguf import write_tiny_gguf
 
     other = write_tiny_gguf(tmp_path / "other.gguf")
     data = other.read_bytes().replace(b"</s>", b"<e>x", 1)  # same length, other text

@@ -12,7 +12,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from scipy.stats import chisquare
-from tiny_qwen2 import EOS, VOCAB, perturbed, tiny_qwen2, write_qwen2_gguf
 
 from draftwise.backends.base import BackendError, ContextOverflowError, sync_cache
 from draftwise.backends.hf import (
@@ -26,6 +25,7 @@ from draftwise.drafters import ModelDrafter, NgramDrafter
 from draftwise.engine import Engine
 from draftwise.sampling import distribution
 from draftwise.types import ConfigError, SamplingParams, SpeculationConfig
+from tiny_qwen2 import EOS, VOCAB, perturbed, tiny_qwen2, write_qwen2_gguf
 
 PROMPT = [116, 257, 32, 99, 97, 116, 44, 258, 32, 99, 97, 116, 44, 258, 32]  # "the cat, the cat, the "
 PLAIN = SpeculationConfig(enabled=False)

@@ -11,14 +11,13 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from tiny_qwen2 import VOCAB, perturbed, tiny_qwen2
-
 from draftwise.backends.base import BackendError
 from draftwise.backends.hf import HFBackend
 from draftwise.batching import Batcher
 from draftwise.drafters import ModelDrafter, NgramDrafter
 from draftwise.engine import Engine
 from draftwise.types import ConfigError, SamplingParams, SpeculationConfig
+from tiny_qwen2 import VOCAB, perturbed, tiny_qwen2
 
 
 @pytest.fixture(scope="module", autouse=True)

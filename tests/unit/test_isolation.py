@@ -138,7 +138,8 @@ def test_a_request_cancelled_mid_run_ends_alone():
         return flag["steps"] > 5
 
     def victim_of(engine):
-        return engine.stream(prompt_ids=[3, 3], sampling=SamplingParams(max_tokens=200, ignore_eos=True), cancelled=cancelled)
+        return engine.stream(prompt_ids=[3, 3], sampling=SamplingParams(max_tokens=200, ignore_eos=True),
+                             drafters=["ngram", "suffix"], cancelled=cancelled)
 
     gens, victim, events, _ = run_beside(victim_of)
     assert isinstance(events[-1], Done) and victim.result.finish_reason == "cancelled"

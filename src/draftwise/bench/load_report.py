@@ -7,8 +7,8 @@ Plots use matplotlib's object API (no pyplot global state), as report.py does.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from draftwise.bench.load import FORMAT
 from draftwise.bench.report import markdown_table

@@ -8,8 +8,8 @@ with a JSON schema every method is constrained by it; `METHOD@unconstrained` run
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from draftwise.types import POLICIES, ConfigError, SpeculationConfig
 

@@ -11,10 +11,11 @@ Suites ship in suites/<category>.jsonl; `full` is all of them, `quick` two per c
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from draftwise.types import ConfigError
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import resource
 import sys
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 

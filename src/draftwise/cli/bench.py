@@ -237,8 +237,8 @@ def replay(results_path, sets, datastore, categories, free_lookups, noise, seed,
     RESULTS is a bench --out directory or its results.json; its greedy baseline answers and
     calibrated cost curve are used. Prints tokens/step and speedup per category and set.
     """
-    from draftwise.bench import prompts as bench_prompts
     from draftwise.bench import account as bench_account
+    from draftwise.bench import prompts as bench_prompts
     from draftwise.bench import replay as bench_replay
     from draftwise.bench.runner import load_results
 

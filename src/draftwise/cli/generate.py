@@ -24,8 +24,8 @@ from draftwise.cli.common import (
     say_skipped,
     stderr_console,
 )
-from draftwise.loading import load_engine, parse_drafters
 from draftwise.errors import ConfigError
+from draftwise.loading import load_engine, parse_drafters
 from draftwise.types import SamplingParams, SpeculationConfig
 
 SAMPLING = SamplingParams()

@@ -6,7 +6,8 @@ need (a KV cache, an index) in step with the committed context they are shown.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from draftwise.types import Draft, SamplingParams, SpeculationConfig
 

@@ -9,7 +9,7 @@ REST, arXiv 2311.08252). Confidence of a token = agreeing occurrences / all occu
 from __future__ import annotations
 
 from collections import Counter
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 
 def frequency_walk(

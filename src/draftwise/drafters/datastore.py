@@ -11,8 +11,8 @@ from __future__ import annotations
 import copy
 import json
 import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -57,7 +57,7 @@ def build_datastore(texts: Iterable[tuple[str, str]], encode: Callable[[str], li
     t0 = time.perf_counter()
     chunks: list[np.ndarray] = []
     num_docs = num_tokens = 0
-    for name, text in texts:
+    for _name, text in texts:
         ids = encode(text)
         if not ids:
             continue
@@ -100,7 +100,7 @@ class DatastoreDrafter:
     def begin(self, sampling: SamplingParams, speculation: SpeculationConfig) -> None:
         pass
 
-    def for_slot(self, slot: int) -> "DatastoreDrafter":
+    def for_slot(self, slot: int) -> DatastoreDrafter:
         """Another slot's drafter over the same (read-only, memory-mapped) datastore."""
         return copy.copy(self)
 

@@ -8,7 +8,8 @@ llguidance's fast-forward, are proposed here and verified like any lookup.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from draftwise.types import Draft, SamplingParams, SpeculationConfig
 
@@ -29,7 +30,7 @@ class GrammarDrafter:
     def begin(self, sampling: SamplingParams, speculation: SpeculationConfig) -> None:
         pass
 
-    def for_slot(self, slot: int) -> "GrammarDrafter":
+    def for_slot(self, slot: int) -> GrammarDrafter:
         return GrammarDrafter(self.name)
 
     def propose(self, context: Sequence[int], max_tokens: int, grammar: Grammar | None = None) -> Draft:

@@ -9,7 +9,7 @@ earliest) — on "copy this code with one change" that is the right source to co
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Sequence
+from collections.abc import Sequence
 
 from draftwise.types import Draft, SamplingParams, SpeculationConfig, TreeDraft
 
@@ -42,7 +42,7 @@ class NgramDrafter:
     def begin(self, sampling: SamplingParams, speculation: SpeculationConfig) -> None:
         pass  # the index survives requests only through the context check in _sync
 
-    def for_slot(self, slot: int) -> "NgramDrafter":
+    def for_slot(self, slot: int) -> NgramDrafter:
         return NgramDrafter(self.min_n, self.max_n, self.name)
 
     def _sync(self, context: Sequence[int]) -> None:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import defaultdict
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from draftwise.types import Draft, SamplingParams, SpeculationConfig
 
@@ -43,7 +44,7 @@ class PredictionDrafter:
         self._floor = 0  # the last aligned point: re-anchoring looks from here on
         self._run = START_SCORE  # matched tokens in a row (the proposal's score)
 
-    def for_slot(self, slot: int) -> "PredictionDrafter":
+    def for_slot(self, slot: int) -> PredictionDrafter:
         return PredictionDrafter(self.name)
 
     def begin(self, sampling: SamplingParams, speculation: SpeculationConfig) -> None:

@@ -8,7 +8,7 @@ observed continuation. Agent and coding workloads repeat themselves across reque
 from __future__ import annotations
 
 from collections import defaultdict, deque
-from typing import Sequence
+from collections.abc import Sequence
 
 from draftwise.drafters.continuation import frequency_walk
 from draftwise.types import Draft, SamplingParams, SpeculationConfig
@@ -95,7 +95,7 @@ class SuffixDrafter:
     def begin(self, sampling: SamplingParams, speculation: SpeculationConfig) -> None:
         pass
 
-    def for_slot(self, slot: int) -> "SuffixDrafter":
+    def for_slot(self, slot: int) -> SuffixDrafter:
         """A drafter for another slot, with a history of its own: a slot's next request is
         mostly the same conversation (slots are chosen by cached prefix)."""
         return SuffixDrafter(self.max_history_tokens, self.min_n, self.min_confidence, self.name)

@@ -244,7 +244,7 @@ def _load(config: ReplicaConfig):
         raise ConfigError(f"the replica's engine has {engine.num_slots} slot(s) but the deployment was sized for "
                           f"{config.num_slots}; give the slots explicitly (serve --parallel N)")
     if config.speculation.policy == "auto":  # calibrate before the first request, not inside it
-        engine.target_time().curve
+        _ = engine.target_time().curve
     return engine
 
 
