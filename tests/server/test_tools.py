@@ -201,3 +201,27 @@ def test_a_template_without_tools_is_a_400(server):
         client(server.url).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
                                                    tools=TOOLS)
     assert info.value.body["param"] == "tools" and "no tool support" in info.value.body["message"]
+
+
+def test_langchain_bind_tools_and_structured_output(tool_server):
+    """LangChain's ChatOpenAI against the server: bind_tools reads the call, and
+    with_structured_output(method="function_calling") (a named tool_choice) returns the model."""
+    langchain_openai = pytest.importorskip("langchain_openai")
+    from pydantic import BaseModel, Field
+
+    class Weather(BaseModel):
+        """The weather in a city."""
+
+        city: str = Field(max_length=8)
+
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        return "sunny"
+
+    llm = langchain_openai.ChatOpenAI(model=MODEL, base_url=f"{tool_server.url}/v1", api_key="unused",
+                                      temperature=0, max_retries=0, timeout=30)
+    message = llm.bind_tools([get_weather]).invoke("call")
+    assert [(c["name"], c["args"]) for c in message.tool_calls] == [("get_weather", {"city": "Paris"})]
+    assert message.content == "Let me look."
+    record = llm.with_structured_output(Weather, method="function_calling").invoke("nothing")
+    assert isinstance(record, Weather) and len(record.city) <= 8
