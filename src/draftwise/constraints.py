@@ -198,8 +198,10 @@ class Grammar:
         for token in token_ids:
             self._here = None
             if not self._matcher.consume_token(int(token)):
-                raise ConstraintError(f"token {token} does not satisfy the grammar: "
-                                      f"{_first_line(self._matcher.get_error())}")
+                # Committed tokens were allowed by the masks: only a matcher failure (a lexer or
+                # parser limit reached on this input) refuses one.
+                raise ConstraintError(f"the constraint cannot be followed: {_first_line(self._matcher.get_error())} "
+                                      f"(at token {token})")
 
     def forced(self, limit: int) -> list[int]:
         """The tokens the grammar forces from here (each the only token its mask allows), at

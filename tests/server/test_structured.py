@@ -147,3 +147,34 @@ def test_a_malformed_prediction_is_a_400(structured_server, prediction, message)
     r = httpx.post(f"{structured_server.url}/v1/chat/completions", timeout=30,
                    json={"model": MODEL, "messages": MESSAGES, "max_tokens": 5, "prediction": prediction})
     assert r.status_code == 400 and message in r.text
+
+
+def test_a_constraint_failing_mid_answer_is_a_400_naming_its_field(structured_server, monkeypatch):
+    # llguidance can reach a lexer or parser limit only after some tokens ("too many expressions
+    # constructed", "Current row has 2007 items"): the request's fault, so a 400 naming the field,
+    # in the stream as an error event; the next request is served as usual.
+    from draftwise.constraints import ConstraintError, Grammar
+
+    real, calls = Grammar.consume, {"n": 0}
+
+    def consume(self, token_ids):
+        calls["n"] += 1
+        if calls["n"] > 3:
+            raise ConstraintError("the constraint cannot be followed: lexer error: too many expressions constructed")
+        return real(self, token_ids)
+
+    monkeypatch.setattr(Grammar, "consume", consume)
+    c = client(structured_server.url)
+    with pytest.raises(openai.BadRequestError, match="cannot be followed") as refused:
+        c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=40, temperature=0,
+                                  extra_body={"regex": "[a-z ]{0,60}"})
+    assert refused.value.body["param"] == "regex"
+    calls["n"] = 0
+    stream = c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=40, temperature=0, stream=True,
+                                       response_format={"type": "json_object"})
+    with pytest.raises(openai.APIError, match="cannot be followed"):
+        for _ in stream:
+            pass
+    monkeypatch.setattr(Grammar, "consume", real)
+    resp = c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=30, temperature=0)
+    assert resp.choices[0].message.content == reference(None, max_tokens=30)

@@ -152,7 +152,8 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, *, a
         """The choices' answers as one JSON reply, or their chunks as server-sent events (each
         chunk names its choice's index; usage, when asked, sums the choices at the end)."""
         if not body.stream:
-            return whole(list(await asyncio.gather(*(_collect(job, request) for job in jobs))))
+            return whole(list(await asyncio.gather(*(_collect(job, request, _constraint_param(body))
+                                                       for job in jobs))))
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
         async def events() -> AsyncIterator[str]:
@@ -172,7 +173,7 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, *, a
                         yield usage_chunk(_usage(sorted(finished, key=lambda d: finished_index[id(d)]),
                                                  body.n or 1))
                 else:
-                    error = _failure(event)
+                    error = _failure(event, _constraint_param(body))
                     count(error)
                     yield f"data: {json.dumps(error.body())}\n\n"
             yield "data: [DONE]\n\n"
@@ -490,9 +491,13 @@ def _sse(chunk: Any, include_usage: bool) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-def _failure(event: Failed) -> APIError:
+def _failure(event: Failed, constraint_param: str | None = None) -> APIError:
+    """The error a failed job answers: a constraint that could not be followed while decoding
+    (a lexer or parser limit reached mid-answer) is the request's fault, 400 naming its field."""
     if isinstance(event.error, JobCancelled):
         return APIError(503, "the server is shutting down", type="server_error", code="unavailable")
+    if isinstance(event.error, ConstraintError):
+        return APIError(400, str(event.error), param=constraint_param, code="invalid_value")
     return APIError(500, f"generation failed: {event.error}", type="server_error")
 
 
@@ -529,7 +534,7 @@ async def _job_events(job: Job, request: Request) -> AsyncIterator[Piece | Finis
             job.cancel("client disconnected")
 
 
-async def _collect(job: Job, request: Request) -> Finished:
+async def _collect(job: Job, request: Request, constraint_param: str | None = None) -> Finished:
     async for event in _job_events(job, request):
         if isinstance(event, Finished):
             if event.result.finish_reason == "cancelled":
@@ -537,6 +542,6 @@ async def _collect(job: Job, request: Request) -> Finished:
                                code="unavailable")
             return event
         if isinstance(event, Failed):
-            raise _failure(event)
+            raise _failure(event, constraint_param)
     # Only reached when the client disconnected; nobody reads this reply.
     raise APIError(400, "client disconnected", code="client_disconnected")
