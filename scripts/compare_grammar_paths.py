@@ -48,8 +48,9 @@ def llama_run(llm, messages, schema, max_tokens: int) -> dict:
     from llama_cpp import LlamaGrammar
 
     grammar = LlamaGrammar.from_json_schema(json.dumps(schema), verbose=False)
-    chunks = llm.create_chat_completion(messages=messages, grammar=grammar, temperature=0.0, max_tokens=max_tokens,
-                                        stream=True)
+    chunks = llm.create_chat_completion(
+        messages=messages, grammar=grammar, temperature=0.0, max_tokens=max_tokens, stream=True
+    )
     pieces = (c["choices"][0]["delta"].get("content") or "" for c in chunks)
     text, seconds, n = timed(p for p in pieces if p)
     tokens = len(llm.tokenize(text.encode(), add_bos=False, special=False))
@@ -67,25 +68,34 @@ def main() -> None:
     from llama_cpp import Llama
 
     engine = load_engine(args.target, "ngram,grammar")
-    llm = Llama(str(resolve(args.target)), n_ctx=4096, n_threads=engine.target.n_threads,
-                n_threads_batch=engine.target.n_threads, verbose=False)
+    llm = Llama(
+        str(resolve(args.target)),
+        n_ctx=4096,
+        n_threads=engine.target.n_threads,
+        n_threads_batch=engine.target.n_threads,
+        verbose=False,
+    )
     plain, auto = SpeculationConfig(enabled=False), SpeculationConfig(policy="auto")
     prompts = load_suite("structured_schema")[: args.limit]
-    engine.generate(messages=[{"role": "user", "content": "warm up"}], sampling=SamplingParams(max_tokens=4),
-                    speculation=auto)
+    engine.generate(
+        messages=[{"role": "user", "content": "warm up"}], sampling=SamplingParams(max_tokens=4), speculation=auto
+    )
     rows = []
     for p in prompts:
         messages = [{"role": "user", "content": p.turns[0]}]
-        row = {"question_id": p.question_id,
-               "unconstrained": draftwise_run(engine, messages, p.json_schema, plain, False, args.max_tokens),
-               "constrained": draftwise_run(engine, messages, p.json_schema, plain, True, args.max_tokens),
-               "auto": draftwise_run(engine, messages, p.json_schema, auto, True, args.max_tokens),
-               "llama_grammar": llama_run(llm, messages, p.json_schema, args.max_tokens)}
+        row = {
+            "question_id": p.question_id,
+            "unconstrained": draftwise_run(engine, messages, p.json_schema, plain, False, args.max_tokens),
+            "constrained": draftwise_run(engine, messages, p.json_schema, plain, True, args.max_tokens),
+            "auto": draftwise_run(engine, messages, p.json_schema, auto, True, args.max_tokens),
+            "llama_grammar": llama_run(llm, messages, p.json_schema, args.max_tokens),
+        }
         for run in row.values():
             if isinstance(run, dict):
                 try:
-                    run["schema_valid"] = jsonschema.validators.validator_for(p.json_schema)(
-                        p.json_schema).is_valid(json.loads(run["text"]))
+                    run["schema_valid"] = jsonschema.validators.validator_for(p.json_schema)(p.json_schema).is_valid(
+                        json.loads(run["text"])
+                    )
                 except json.JSONDecodeError:
                     run["schema_valid"] = False
         rows.append(row)

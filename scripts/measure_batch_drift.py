@@ -41,15 +41,19 @@ def main() -> None:
             single = np.stack(rows)
             target.reset()
             target.prefill(ids[:-1])
-            batched = np.concatenate([target.extend(seq[i : i + k + 1]) for i in range(0, args.tokens, k + 1)])[: args.tokens]
+            batched = np.concatenate([target.extend(seq[i : i + k + 1]) for i in range(0, args.tokens, k + 1)])[
+                : args.tokens
+            ]
             top2 = np.argsort(single, axis=-1)[:, -2:]
             idx = np.arange(args.tokens)
             gap_single = single[idx, top2[:, 1]] - single[idx, top2[:, 0]]
             gap_batched = batched[idx, top2[:, 1]] - batched[idx, top2[:, 0]]
             changes.extend(np.abs(gap_single - gap_batched).tolist())
         c = np.array(changes)
-        print(f"k={k}: {len(c)} positions, |margin change| median {np.median(c):.4f}, p99 {np.percentile(c, 99):.4f}, "
-              f"p99.9 {np.percentile(c, 99.9):.4f}, max {c.max():.4f}")
+        print(
+            f"k={k}: {len(c)} positions, |margin change| median {np.median(c):.4f}, p99 {np.percentile(c, 99):.4f}, "
+            f"p99.9 {np.percentile(c, 99.9):.4f}, max {c.max():.4f}"
+        )
 
 
 if __name__ == "__main__":

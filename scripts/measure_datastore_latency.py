@@ -2,6 +2,7 @@
 
 Usage: python scripts/measure_datastore_latency.py DATASTORE_DIR   (e.g. one built by `draftwise index stdlib`)
 """
+
 import sys
 import time
 
@@ -21,7 +22,6 @@ class Old(DatastoreDrafter):
         if diff.size:
             return -1 if window[diff[0]] < pattern[diff[0]] else 1
         return 0 if m == len(pattern) else -1
-
 
 
 path = sys.argv[1]

@@ -43,21 +43,23 @@ def closest_pair(points):
             d = distance(p, q)
 '''
 TYPED = "            if best is None or d < best[0]:"
-BELOW = '''
+BELOW = """
     return best[1], best[2]
 
 
 if __name__ == "__main__":
     print(closest_pair([(0, 0), (5, 5), (1, 1)]))
-'''
-EXTRA = [{"filename": "geometry.py",
-          "text": "def midpoint(p, q):\n    return ((p[0] + q[0]) / 2, (p[1] + q[1]) / 2)\n"}]
+"""
+EXTRA = [
+    {"filename": "geometry.py", "text": "def midpoint(p, q):\n    return ((p[0] + q[0]) / 2, (p[1] + q[1]) / 2)\n"}
+]
 
 
 def serve(engine):
     app = create_app(engine, "target")
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_config=None, log_level="warning",
-                                           **uvicorn_options()))
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=0, log_config=None, log_level="warning", **uvicorn_options())
+    )
     threading.Thread(target=server.run, daemon=True).start()
     while not server.started:
         time.sleep(0.05)
@@ -72,18 +74,38 @@ def replay(url: str, engine, *, spec: bool, cold: bool, every: int) -> list[dict
                 for i in range(engine.num_slots):
                     engine.slot(i).target.reset()
         prompt = TYPED[:n]
-        body = {"input_prefix": ABOVE, "prompt": prompt, "input_suffix": TYPED[n:] + BELOW, "input_extra": EXTRA,
-                "n_predict": 64, "n_indent": len(prompt) - len(prompt.lstrip()), "samplers": ["temperature"],
-                "temperature": 0.0, "cache_prompt": True, "t_max_prompt_ms": 500, "t_max_predict_ms": 3000,
-                "speculation": {"enabled": spec}}
+        body = {
+            "input_prefix": ABOVE,
+            "prompt": prompt,
+            "input_suffix": TYPED[n:] + BELOW,
+            "input_extra": EXTRA,
+            "n_predict": 64,
+            "n_indent": len(prompt) - len(prompt.lstrip()),
+            "samplers": ["temperature"],
+            "temperature": 0.0,
+            "cache_prompt": True,
+            "t_max_prompt_ms": 500,
+            "t_max_predict_ms": 3000,
+            "speculation": {"enabled": spec},
+        }
         t0 = time.perf_counter()
         answer = httpx.post(f"{url}/infill", json=body, timeout=600).json()
         ms = 1000 * (time.perf_counter() - t0)
         t = answer["timings"]
-        rows.append({"typed": n, "latency_ms": round(ms, 1), "cache_n": t["cache_n"], "prompt_n": t["prompt_n"],
-                     "prompt_ms": round(t["prompt_ms"], 1), "predicted_n": t["predicted_n"],
-                     "predicted_ms": round(t["predicted_ms"], 1), "draft_n": t.get("draft_n", 0),
-                     "draft_n_accepted": t.get("draft_n_accepted", 0), "content": answer["content"]})
+        rows.append(
+            {
+                "typed": n,
+                "latency_ms": round(ms, 1),
+                "cache_n": t["cache_n"],
+                "prompt_n": t["prompt_n"],
+                "prompt_ms": round(t["prompt_ms"], 1),
+                "predicted_n": t["predicted_n"],
+                "predicted_ms": round(t["predicted_ms"], 1),
+                "draft_n": t.get("draft_n", 0),
+                "draft_n_accepted": t.get("draft_n_accepted", 0),
+                "content": answer["content"],
+            }
+        )
         print(json.dumps({"spec": spec, "cold": cold, **rows[-1]}), flush=True)
     return rows
 
@@ -106,13 +128,16 @@ def main() -> None:
             kind, cache = mode.split("-")
             rows = replay(url, engine, spec=kind == "spec", cold=cache == "cold", every=args.every)
             lat = sorted(r["latency_ms"] for r in rows)
-            summary[mode] = {"requests": len(rows), "median_ms": round(statistics.median(lat), 1),
-                             "p95_ms": round(lat[min(len(lat) - 1, int(0.95 * len(lat)))], 1),
-                             "median_prompt_n": statistics.median(r["prompt_n"] for r in rows),
-                             "median_prompt_ms": round(statistics.median(r["prompt_ms"] for r in rows), 1),
-                             "median_predicted_ms": round(statistics.median(r["predicted_ms"] for r in rows), 1),
-                             "tokens_predicted": sum(r["predicted_n"] for r in rows),
-                             "contents": len({r["content"] for r in rows})}
+            summary[mode] = {
+                "requests": len(rows),
+                "median_ms": round(statistics.median(lat), 1),
+                "p95_ms": round(lat[min(len(lat) - 1, int(0.95 * len(lat)))], 1),
+                "median_prompt_n": statistics.median(r["prompt_n"] for r in rows),
+                "median_prompt_ms": round(statistics.median(r["prompt_ms"] for r in rows), 1),
+                "median_predicted_ms": round(statistics.median(r["predicted_ms"] for r in rows), 1),
+                "tokens_predicted": sum(r["predicted_n"] for r in rows),
+                "contents": len({r["content"] for r in rows}),
+            }
     finally:
         server.should_exit = True
     print(json.dumps({"summary": summary}, indent=1))

@@ -26,8 +26,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     slots = [int(s) for s in args.slots.split(",")]
-    backend = load_backend(args.model, LoadOptions(backend="hf", dtype=args.dtype, device=args.device,
-                                                   slots=max(slots), n_ctx=args.context + 64))
+    backend = load_backend(
+        args.model,
+        LoadOptions(backend="hf", dtype=args.dtype, device=args.device, slots=max(slots), n_ctx=args.context + 64),
+    )
     print(f"{args.model} {args.dtype} on {backend.capabilities.device}, {backend.n_threads} threads")
     vocab = min(backend.vocab_size, 32000)
     for s in slots:
@@ -52,8 +54,11 @@ def main() -> None:
                 for seq, n in zip(seqs, lengths):
                     seq.truncate(n)
             b, a = 1000 * statistics.median(batched), 1000 * statistics.median(alone)
-            print(f"{s} sequences x {r} rows: one padded forward {b:.0f} ms, one forward each {a:.0f} ms, "
-                  f"ratio {a / b:.2f}x", flush=True)
+            print(
+                f"{s} sequences x {r} rows: one padded forward {b:.0f} ms, one forward each {a:.0f} ms, "
+                f"ratio {a / b:.2f}x",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from draftwise.loading import load_engine
 from draftwise.tools import ToolChoice, parse_tools, tool_plan
 from draftwise.types import SamplingParams, SpeculationConfig
 
-FILE = '''def load_config(path):
+FILE = """def load_config(path):
     with open(path) as f:
         return json.load(f)
 
@@ -30,23 +30,47 @@ FILE = '''def load_config(path):
 def save_config(path, config):
     with open(path, "w") as f:
         json.dump(config, f, indent=2)
-'''
-TOOLS = parse_tools([
-    {"type": "function", "function": {"name": "read_file", "description": "Read a file of the repository.",
-                                      "parameters": {"type": "object", "properties": {"path": {"type": "string"}},
-                                                     "required": ["path"]}}},
-    {"type": "function", "function": {
-        "name": "edit_file", "description": "Replace the text `old` by `new` in a file.",
-        "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "old": {"type": "string"},
-                                                        "new": {"type": "string"}},
-                       "required": ["path", "old", "new"]}}},
-    {"type": "function", "function": {"name": "run_tests", "description": "Run the tests in a file or folder.",
-                                      "parameters": {"type": "object", "properties": {"path": {"type": "string"}},
-                                                     "required": ["path"]}}},
-    {"type": "function", "function": {"name": "get_weather", "description": "The current weather in a city.",
-                                      "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                                                     "required": ["city"]}}},
-])
+"""
+TOOLS = parse_tools(
+    [
+        {
+            "type": "function",
+            "function": {
+                "name": "read_file",
+                "description": "Read a file of the repository.",
+                "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+            },
+        },
+        {
+            "type": "function",
+            "function": {
+                "name": "edit_file",
+                "description": "Replace the text `old` by `new` in a file.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"path": {"type": "string"}, "old": {"type": "string"}, "new": {"type": "string"}},
+                    "required": ["path", "old", "new"],
+                },
+            },
+        },
+        {
+            "type": "function",
+            "function": {
+                "name": "run_tests",
+                "description": "Run the tests in a file or folder.",
+                "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+            },
+        },
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "The current weather in a city.",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            },
+        },
+    ]
+)
 PROMPTS = [
     "Show me what is in src/draftwise/tools/formats/hermes.py.",
     "What's the weather like in Lisbon right now?",
@@ -70,23 +94,29 @@ def main() -> None:
     methods = {"plain": SpeculationConfig(enabled=False), "auto": SpeculationConfig(policy="auto")}
     totals = {m: [0, 0.0] for m in methods}
     for prompt in PROMPTS:
-        ids = encode_chat(engine.tokenizer, [{"role": "user", "content": prompt}],
-                          tools=[t.as_openai() for t in TOOLS])
+        ids = encode_chat(engine.tokenizer, [{"role": "user", "content": prompt}], tools=[t.as_openai() for t in TOOLS])
         results = {m: engine.generate(prompt_ids=ids, sampling=sampling, speculation=s) for m, s in methods.items()}
         parsed = plan.format.parse(results["auto"].text)
-        valid = all(c.name in schemas and jsonschema.validate(json.loads(c.arguments), schemas[c.name]) is None
-                    for c in parsed.calls)
+        valid = all(
+            c.name in schemas and jsonschema.validate(json.loads(c.arguments), schemas[c.name]) is None
+            for c in parsed.calls
+        )
         row = []
         for m, r in results.items():
             totals[m][0] += r.stats.num_generated
             totals[m][1] += r.stats.decode_ms
             row.append(f"{m} {1000 * r.stats.num_generated / r.stats.decode_ms:5.1f} tok/s")
-        print(f"{results['plain'].stats.num_generated:4d} tokens | {' | '.join(row)} | "
-              f"identical {results['plain'].token_ids == results['auto'].token_ids} | "
-              f"calls {[c.name for c in parsed.calls]} valid {valid} | {prompt[:40]!r}", flush=True)
+        print(
+            f"{results['plain'].stats.num_generated:4d} tokens | {' | '.join(row)} | "
+            f"identical {results['plain'].token_ids == results['auto'].token_ids} | "
+            f"calls {[c.name for c in parsed.calls]} valid {valid} | {prompt[:40]!r}",
+            flush=True,
+        )
     speed = {m: 1000 * n / ms for m, (n, ms) in totals.items()}
-    print(f"total: plain {speed['plain']:.1f} tok/s, auto {speed['auto']:.1f} tok/s, "
-          f"auto/plain {speed['auto'] / speed['plain']:.2f}x (decode time, same constraint, greedy)")
+    print(
+        f"total: plain {speed['plain']:.1f} tok/s, auto {speed['auto']:.1f} tok/s, "
+        f"auto/plain {speed['auto'] / speed['plain']:.2f}x (decode time, same constraint, greedy)"
+    )
 
 
 if __name__ == "__main__":

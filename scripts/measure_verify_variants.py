@@ -43,8 +43,23 @@ POINTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 # Types with a repacked GEMM kernel for x86 in this llama.cpp (ggml-cpu/repack.cpp: Q4_0, Q4_K
 # and IQ4_NL 8x8 on AVX2), and Q8_0 (tinyBLAS) as the higher-precision control.
 TYPES = ("q4_0", "iq4_nl", "q4_k", "q8_0")
-CORPUS_MODULES = ("argparse", "functools", "dataclasses", "pathlib", "textwrap", "json/decoder", "json/encoder",
-                  "heapq", "bisect", "csv", "shutil", "string", "fractions", "statistics", "enum")
+CORPUS_MODULES = (
+    "argparse",
+    "functools",
+    "dataclasses",
+    "pathlib",
+    "textwrap",
+    "json/decoder",
+    "json/encoder",
+    "heapq",
+    "bisect",
+    "csv",
+    "shutil",
+    "string",
+    "fractions",
+    "statistics",
+    "enum",
+)
 
 
 def corpus(path: Path, max_chars: int) -> str:
@@ -69,11 +84,20 @@ def build_variant(tool: str, src: Path, dst: Path, qtype: str) -> None:
         return
     types = tensor_types(src)
     overrides = dst.with_suffix(".types.txt")
-    overrides.write_text("".join(f"^{re.escape(n)}$={qtype if t == 'Q6_K' else t.lower()}\n"
-                                 for n, t in types.items() if t not in ("F32", "F16", "BF16")))
+    overrides.write_text(
+        "".join(
+            f"^{re.escape(n)}$={qtype if t == 'Q6_K' else t.lower()}\n"
+            for n, t in types.items()
+            if t not in ("F32", "F16", "BF16")
+        )
+    )
     partial = dst.with_suffix(".partial")
-    subprocess.run([tool, "--allow-requantize", "--tensor-type-file", str(overrides), str(src), str(partial), "Q4_K_M"],
-                   check=True, capture_output=True, env=_env(tool))
+    subprocess.run(
+        [tool, "--allow-requantize", "--tensor-type-file", str(overrides), str(src), str(partial), "Q4_K_M"],
+        check=True,
+        capture_output=True,
+        env=_env(tool),
+    )
     got, want = tensor_types(partial), {n: (qtype.upper() if t == "Q6_K" else t) for n, t in types.items()}
     wrong = {n: (want[n], got.get(n)) for n in want if got.get(n) != want[n]}
     if wrong:
@@ -169,8 +193,21 @@ def _time_rows(C, ctx, n_vocab: int, context_len: int = 256) -> dict[int, float]
 def quality(tool: str, model: Path, text: Path, base: Path, chunks: int, threads: int, make_base: bool) -> dict:
     """llama.cpp's perplexity tool: perplexity, and against the original's saved logits KL
     divergence and top-1 agreement ("Same top p")."""
-    args = [tool, "-m", str(model), "-f", str(text), "-c", "512", "--chunks", str(chunks), "-t", str(threads),
-            "--kl-divergence-base", str(base)]
+    args = [
+        tool,
+        "-m",
+        str(model),
+        "-f",
+        str(text),
+        "-c",
+        "512",
+        "--chunks",
+        str(chunks),
+        "-t",
+        str(threads),
+        "--kl-divergence-base",
+        str(base),
+    ]
     if not make_base:
         args.append("--kl-divergence")
     log = subprocess.run(args, check=True, capture_output=True, text=True, env=_env(tool))
@@ -182,9 +219,13 @@ def quality(tool: str, model: Path, text: Path, base: Path, chunks: int, threads
 
     if make_base:
         return {"ppl": grab(r"Final estimate: PPL = ([\d.]+)")}
-    return {"ppl": grab(r"Mean PPL\(Q\)\s*:\s*([\d.]+)"), "ppl_ratio": grab(r"Mean PPL\(Q\)/PPL\(base\)\s*:\s*([\d.]+)"),
-            "kld": grab(r"Mean\s+KLD:\s*([\d.]+)"), "kld_99": grab(r"99\.0%\s+KLD:\s*([\d.]+)"),
-            "same_top1": grab(r"Same top p:\s*([\d.]+)")}
+    return {
+        "ppl": grab(r"Mean PPL\(Q\)\s*:\s*([\d.]+)"),
+        "ppl_ratio": grab(r"Mean PPL\(Q\)/PPL\(base\)\s*:\s*([\d.]+)"),
+        "kld": grab(r"Mean\s+KLD:\s*([\d.]+)"),
+        "kld_99": grab(r"99\.0%\s+KLD:\s*([\d.]+)"),
+        "same_top1": grab(r"Same top p:\s*([\d.]+)"),
+    }
 
 
 def greedy_agreement(models: dict[str, Path], max_tokens: int, threads: int) -> dict[str, dict]:
@@ -199,9 +240,17 @@ def greedy_agreement(models: dict[str, Path], max_tokens: int, threads: int) -> 
     for name, path in models.items():
         engine = load_engine(str(path), "none", options=LoadOptions(n_ctx=2048, threads=threads))
         try:
-            texts[name] = [engine.tokenizer.encode(engine.generate(
-                messages=[{"role": "user", "content": p.turns[0]}], sampling=SamplingParams(max_tokens=max_tokens),
-                speculation=SpeculationConfig(enabled=False)).text, add_special=False) for p in prompts]
+            texts[name] = [
+                engine.tokenizer.encode(
+                    engine.generate(
+                        messages=[{"role": "user", "content": p.turns[0]}],
+                        sampling=SamplingParams(max_tokens=max_tokens),
+                        speculation=SpeculationConfig(enabled=False),
+                    ).text,
+                    add_special=False,
+                )
+                for p in prompts
+            ]
         finally:
             engine.target.close()
     original = texts["original"]
@@ -244,11 +293,19 @@ def main() -> None:
         models[qtype] = dst
     text = work / "corpus.txt"
     corpus_sha = corpus(text, max_chars=4 * 512 * (args.chunks + 1))
-    results: dict = {"target": DEFAULT_TARGET, "q6k_tensors": names, "threads": args.threads,
-                     "python": sys.version.split()[0], "corpus_sha256": corpus_sha, "models": {}}
+    results: dict = {
+        "target": DEFAULT_TARGET,
+        "q6k_tensors": names,
+        "threads": args.threads,
+        "python": sys.version.split()[0],
+        "corpus_sha256": corpus_sha,
+        "models": {},
+    }
     for name, path in models.items():
-        results["models"][name] = {"size_mb": round(path.stat().st_size / 2**20, 1),
-                                   "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+        results["models"][name] = {
+            "size_mb": round(path.stat().st_size / 2**20, 1),
+            "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+        }
         print(name, results["models"][name], flush=True)
 
     curves = cost_curves(models, args.rounds, args.threads)
@@ -261,8 +318,9 @@ def main() -> None:
 
     base = work / "original.kld"
     for name, path in models.items():
-        results["models"][name]["quality"] = quality(args.perplexity, path, text, base, args.chunks, args.threads,
-                                                     make_base=name == "original")
+        results["models"][name]["quality"] = quality(
+            args.perplexity, path, text, base, args.chunks, args.threads, make_base=name == "original"
+        )
         print(name, results["models"][name]["quality"], flush=True)
     for name, agreement in greedy_agreement(models, args.greedy_tokens, args.threads).items():
         results["models"][name]["greedy"] = agreement
@@ -272,8 +330,10 @@ def main() -> None:
         results["options"] = {}
         for name, runs in options.items():
             merged = {n: min(r[n] for r in runs) for n in POINTS}
-            results["options"][name] = {"cost_ms": {n: round(ms, 1) for n, ms in merged.items()},
-                                        "ceiling": [round(x, 3) for x in ceiling(merged)]}
+            results["options"][name] = {
+                "cost_ms": {n: round(ms, 1) for n, ms in merged.items()},
+                "ceiling": [round(x, 3) for x in ceiling(merged)],
+            }
             print(name, results["options"][name], flush=True)
     (out / "results.json").write_text(json.dumps(results, indent=1))
     (out / "report.md").write_text(report(results))
@@ -283,33 +343,48 @@ def main() -> None:
 def report(results: dict) -> str:
     shown = (1, 2, 4, 8, 16, 32, 64)
     orig = results["models"]["original"]
-    lines = [f"# Verification cost by tensor type ({results['target']}, {results['threads']} threads)", "",
-             "The default target with its Q6_K tensors (" + ", ".join(results["q6k_tensors"][:3])
-             + f", ... {len(results['q6k_tensors'])} in all) converted to another type; every other tensor "
-             "unchanged. ms for one forward over n rows with logits for every row, at 256 tokens of context "
-             "(the lower of alternating rounds). ceiling = best over k of (k + 1) cost(1) / cost(k + 1). "
-             "Quality against the original on standard-library sources "
-             f"(sha256 {results['corpus_sha256'][:12]}, Python {results['python']}): perplexity ratio, mean KL "
-             "divergence, top-1 agreement; greedy = quick-suite answers identical to the original's "
-             "(and the mean share of each answer before the first difference).", "",
-             "| model | MB | " + " | ".join(f"n={n}" for n in shown) + " | ceiling (k) | ceiling vs original | PPL ratio "
-             "| KLD | top-1 same | greedy identical |",
-             "|---|---|" + "---|" * len(shown) + "---|---|---|---|---|---|"]
+    lines = [
+        f"# Verification cost by tensor type ({results['target']}, {results['threads']} threads)",
+        "",
+        "The default target with its Q6_K tensors ("
+        + ", ".join(results["q6k_tensors"][:3])
+        + f", ... {len(results['q6k_tensors'])} in all) converted to another type; every other tensor "
+        "unchanged. ms for one forward over n rows with logits for every row, at 256 tokens of context "
+        "(the lower of alternating rounds). ceiling = best over k of (k + 1) cost(1) / cost(k + 1). "
+        "Quality against the original on standard-library sources "
+        f"(sha256 {results['corpus_sha256'][:12]}, Python {results['python']}): perplexity ratio, mean KL "
+        "divergence, top-1 agreement; greedy = quick-suite answers identical to the original's "
+        "(and the mean share of each answer before the first difference).",
+        "",
+        "| model | MB | " + " | ".join(f"n={n}" for n in shown) + " | ceiling (k) | ceiling vs original | PPL ratio "
+        "| KLD | top-1 same | greedy identical |",
+        "|---|---|" + "---|" * len(shown) + "---|---|---|---|---|---|",
+    ]
     for name, m in results["models"].items():
         q, g = m.get("quality", {}), m.get("greedy", {})
         cost = {int(k): v for k, v in m["cost_ms"].items()}
-        lines.append(f"| {name} | {m['size_mb']} | " + " | ".join(f"{cost[n]:.0f}" for n in shown)
-                     + f" | {m['ceiling'][0]:.2f}x ({m['ceiling'][1]}) | {m['ceiling'][0] / orig['ceiling'][0]:.2f}x"
-                     + f" | {q.get('ppl_ratio') or 1.0:.4f} | {q.get('kld') or 0.0:.4f} | {q.get('same_top1') or 100.0:.1f}%"
-                     + f" | {g.get('identical', 0):.0%} ({g.get('mean_prefix_share', 0):.0%}) |")
+        lines.append(
+            f"| {name} | {m['size_mb']} | "
+            + " | ".join(f"{cost[n]:.0f}" for n in shown)
+            + f" | {m['ceiling'][0]:.2f}x ({m['ceiling'][1]}) | {m['ceiling'][0] / orig['ceiling'][0]:.2f}x"
+            + f" | {q.get('ppl_ratio') or 1.0:.4f} | {q.get('kld') or 0.0:.4f} | {q.get('same_top1') or 100.0:.1f}%"
+            + f" | {g.get('identical', 0):.0%} ({g.get('mean_prefix_share', 0):.0%}) |"
+        )
     if results.get("options"):
-        lines += ["", "The original under llama.cpp context options (same timing, low-level API):", "",
-                  "| option | " + " | ".join(f"n={n}" for n in shown) + " | ceiling (k) |",
-                  "|---|" + "---|" * len(shown) + "---|"]
+        lines += [
+            "",
+            "The original under llama.cpp context options (same timing, low-level API):",
+            "",
+            "| option | " + " | ".join(f"n={n}" for n in shown) + " | ceiling (k) |",
+            "|---|" + "---|" * len(shown) + "---|",
+        ]
         for name, o in results["options"].items():
             cost = {int(k): v for k, v in o["cost_ms"].items()}
-            lines.append(f"| {name} | " + " | ".join(f"{cost[n]:.0f}" for n in shown)
-                         + f" | {o['ceiling'][0]:.2f}x ({o['ceiling'][1]}) |")
+            lines.append(
+                f"| {name} | "
+                + " | ".join(f"{cost[n]:.0f}" for n in shown)
+                + f" | {o['ceiling'][0]:.2f}x ({o['ceiling'][1]}) |"
+            )
     return "\n".join(lines) + "\n"
 
 

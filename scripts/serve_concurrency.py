@@ -25,8 +25,13 @@ async def one(client, model, prompt, max_tokens):
     t0 = time.perf_counter()
     first, chunks, usage = None, 0, None
     stream = await client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=0,
-        stream=True, stream_options={"include_usage": True})
+        model=model,
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     async for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:
             first = first or time.perf_counter()
@@ -35,9 +40,13 @@ async def one(client, model, prompt, max_tokens):
             usage = chunk.usage
     end = time.perf_counter()
     tokens = usage.completion_tokens if usage else chunks
-    return {"ttft_s": round(first - t0, 3), "total_s": round(end - t0, 3), "tokens": tokens,
-            "client_tokens_per_s": round(tokens / (end - first), 1),
-            "speculative": (usage.model_extra or {}).get("speculative") if usage else None}
+    return {
+        "ttft_s": round(first - t0, 3),
+        "total_s": round(end - t0, 3),
+        "tokens": tokens,
+        "client_tokens_per_s": round(tokens / (end - first), 1),
+        "speculative": (usage.model_extra or {}).get("speculative") if usage else None,
+    }
 
 
 async def main() -> None:
@@ -49,14 +58,22 @@ async def main() -> None:
     client = AsyncOpenAI(base_url=args.base_url, api_key="none")
     model = (await client.models.list()).data[0].id
     t0 = time.perf_counter()
-    results = await asyncio.gather(*(one(client, model, PROMPTS[i % len(PROMPTS)], args.max_tokens)
-                                     for i in range(args.clients)))
+    results = await asyncio.gather(
+        *(one(client, model, PROMPTS[i % len(PROMPTS)], args.max_tokens) for i in range(args.clients))
+    )
     wall = time.perf_counter() - t0
     for r in results:
         spec = r.pop("speculative") or {}
-        print(json.dumps({**r, "engine_tokens_per_second": round(spec.get("tokens_per_second", 0), 1),
-                          "acceptance_rate": round(spec.get("acceptance_rate", 0), 2),
-                          "tokens_per_step": round(spec.get("tokens_per_step", 0), 2)}))
+        print(
+            json.dumps(
+                {
+                    **r,
+                    "engine_tokens_per_second": round(spec.get("tokens_per_second", 0), 1),
+                    "acceptance_rate": round(spec.get("acceptance_rate", 0), 2),
+                    "tokens_per_step": round(spec.get("tokens_per_step", 0), 2),
+                }
+            )
+        )
     total = sum(r["tokens"] for r in results)
     print(f"{args.clients} clients: {total} tokens in {wall:.1f} s = {total / wall:.1f} tok/s aggregate")
     print("last request usage.speculative:", json.dumps(spec))

@@ -17,9 +17,19 @@ from tiny_qwen2 import byte_chars
 FIM_TOKENS = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"]
 
 
-def write_tiny_gguf(path: Path, *, seed: int = 0, n_embd: int = 64, n_layers: int = 2, n_ff: int = 128,
-                    n_head: int = 4, n_head_kv: int = 2, scale: float = 0.3, chat_template: str | None = None,
-                    fim: bool = False) -> Path:
+def write_tiny_gguf(
+    path: Path,
+    *,
+    seed: int = 0,
+    n_embd: int = 64,
+    n_layers: int = 2,
+    n_ff: int = 128,
+    n_head: int = 4,
+    n_head_kv: int = 2,
+    scale: float = 0.3,
+    chat_template: str | None = None,
+    fim: bool = False,
+) -> Path:
     import gguf
 
     rng = np.random.default_rng(seed)

@@ -16,8 +16,10 @@ MERGES = ["Ġ t", "h e", "Ġt he"]
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 VOCAB = 272
 EOS = 256 + len(MERGES) + 2  # <|im_end|>
-CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 def byte_chars() -> list[str]:
@@ -45,9 +47,17 @@ def tiny_qwen2(seed: int = 0, dtype=None):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     config = Qwen2Config(
-        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        intermediate_size=128, max_position_embeddings=512, initializer_range=0.3, tie_word_embeddings=False,
-        bos_token_id=256 + len(MERGES), eos_token_id=EOS,
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=512,
+        initializer_range=0.3,
+        tie_word_embeddings=False,
+        bos_token_id=256 + len(MERGES),
+        eos_token_id=EOS,
     )
     torch.manual_seed(seed)
     return Qwen2ForCausalLM(config).to(dtype or torch.float64).eval()
@@ -94,11 +104,19 @@ def write_qwen2_gguf(model, path: Path, chat_template: str | None = CHAT_TEMPLAT
         writer.add_chat_template(chat_template)
 
     state = {k: v.detach().to("cpu").float().numpy() for k, v in model.state_dict().items()}
-    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-             "lm_head.weight": "output.weight"}
-    per_layer = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
-                 "self_attn.o_proj.weight": "attn_output.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
-                 "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight"}
+    names = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }
+    per_layer = {
+        "input_layernorm.weight": "attn_norm.weight",
+        "post_attention_layernorm.weight": "ffn_norm.weight",
+        "self_attn.o_proj.weight": "attn_output.weight",
+        "mlp.gate_proj.weight": "ffn_gate.weight",
+        "mlp.up_proj.weight": "ffn_up.weight",
+        "mlp.down_proj.weight": "ffn_down.weight",
+    }
     for proj in "qkv":
         per_layer[f"self_attn.{proj}_proj.weight"] = f"attn_{proj}.weight"
         per_layer[f"self_attn.{proj}_proj.bias"] = f"attn_{proj}.bias"

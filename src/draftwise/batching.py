@@ -73,8 +73,9 @@ class _Active:
 class Batcher:
     """Up to engine.num_slots requests at once; `step()` advances all of them by one forward."""
 
-    def __init__(self, engine: Engine, *, prefill_chunk: int | None = PREFILL_CHUNK,
-                 slots: Iterable[int] | None = None) -> None:
+    def __init__(
+        self, engine: Engine, *, prefill_chunk: int | None = PREFILL_CHUNK, slots: Iterable[int] | None = None
+    ) -> None:
         """slots: the engine slots this Batcher may use (default: all not busy elsewhere);
         prefill_chunk: prompt rows per step (None: a whole prompt in one forward)."""
         if prefill_chunk is not None and prefill_chunk < 1:
@@ -144,9 +145,13 @@ class Batcher:
             # A tree (several branches in one pass) is a one-request case, chosen here.
             trees = len(decoding) == 1 and not prefills and decoding[0].request.trees
             try:
-                result = step(self.engine.target, [a.request for a in decoding],
-                              [(a.request.slot.target, chunk, a.request) for a, chunk in prefills],
-                              trees=trees, target_time=self.engine.shared_target_time)
+                result = step(
+                    self.engine.target,
+                    [a.request for a in decoding],
+                    [(a.request.slot.target, chunk, a.request) for a, chunk in prefills],
+                    trees=trees,
+                    target_time=self.engine.shared_target_time,
+                )
             except BaseException as exc:  # outside any one request's phases: ends every request
                 events += self.fail(None, exc)
                 if not isinstance(exc, Exception):
@@ -227,4 +232,3 @@ class Batcher:
             if id(g) in errors:
                 raise errors[id(g)]
         return [g.result for g in order]  # type: ignore[misc]
-

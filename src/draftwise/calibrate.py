@@ -63,8 +63,11 @@ class CostCurve:
 
     @classmethod
     def from_dict(cls, data: dict) -> CostCurve:
-        return cls(tuple((int(n), float(ms)) for n, ms in data["points"]), int(data.get("context_len", 0)),
-                   data.get("source", "measured"))
+        return cls(
+            tuple((int(n), float(ms)) for n, ms in data["points"]),
+            int(data.get("context_len", 0)),
+            data.get("source", "measured"),
+        )
 
     @classmethod
     def linear(cls, first_ms: float, per_token_ms: float, max_n: int = 32) -> CostCurve:
@@ -90,8 +93,9 @@ def _points(backend: Backend, thorough: bool, max_n: int) -> list[int]:
     return [n for n in (range(1, top + 1) if thorough else QUICK_POINTS) if n <= top]
 
 
-def measure(backend: Backend, points=QUICK_POINTS, *, context_len: int = 256, repeats: int = 3,
-            max_n: int = MAX_N) -> CostCurve:
+def measure(
+    backend: Backend, points=QUICK_POINTS, *, context_len: int = 256, repeats: int = 3, max_n: int = MAX_N
+) -> CostCurve:
     """Time extend(n) + truncate at context_len tokens of context; median of repeats per n."""
     points = sorted({n for n in points if 1 <= n <= max_n} | {1})
     context_len = max(1, min(context_len, backend.n_ctx - max(points) - 1))
@@ -121,8 +125,9 @@ def measure(backend: Backend, points=QUICK_POINTS, *, context_len: int = 256, re
     return CostCurve(tuple(result), context_len=context_len)
 
 
-def load_or_measure(backend: Backend, *, thorough: bool = False, refresh: bool = False,
-                    max_n: int = MAX_N) -> CostCurve:
+def load_or_measure(
+    backend: Backend, *, thorough: bool = False, refresh: bool = False, max_n: int = MAX_N
+) -> CostCurve:
     """The cached curve for this backend, measuring it (quick or thorough) if absent."""
     path = cache_file(backend)
     if path.is_file() and not refresh:
@@ -133,13 +138,23 @@ def load_or_measure(backend: Backend, *, thorough: bool = False, refresh: bool =
         wanted = max(_points(backend, thorough, max_n))
         if (not thorough or data.get("thorough")) and curve.max_n >= wanted:
             return curve
-    curve = measure(backend, _points(backend, thorough, max_n), repeats=THOROUGH_REPEATS if thorough else QUICK_REPEATS,
-                    max_n=max_n)
+    curve = measure(
+        backend, _points(backend, thorough, max_n), repeats=THOROUGH_REPEATS if thorough else QUICK_REPEATS, max_n=max_n
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     # Written aside and renamed: another process reading the cache meanwhile sees the old file or
     # the new one, never half of one.
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({**curve.to_dict(), "thorough": thorough, "backend": backend.name,
-                               "identity": backend.identity, "threads": getattr(backend, "n_threads", 0)}))
+    tmp.write_text(
+        json.dumps(
+            {
+                **curve.to_dict(),
+                "thorough": thorough,
+                "backend": backend.name,
+                "identity": backend.identity,
+                "threads": getattr(backend, "n_threads", 0),
+            }
+        )
+    )
     tmp.replace(path)
     return curve

@@ -62,8 +62,9 @@ def llguidance_tokenizer(backend) -> Any:
         return adapter
 
 
-def lltokenizer_from_pieces(tokens: Sequence[bytes], *, eos_token_id: int, special_token_ids: Sequence[int],
-                            encode, n_vocab: int):
+def lltokenizer_from_pieces(
+    tokens: Sequence[bytes], *, eos_token_id: int, special_token_ids: Sequence[int], encode, n_vocab: int
+):
     """An llguidance tokenizer over explicit token bytes (special tokens get llguidance's 0xff
     mark), for vocabularies no adapter of its own covers: the toy and byte tokenizers.
     encode(bytes) -> ids tokenises text for forced strings."""
@@ -200,8 +201,9 @@ class Grammar:
             if not self._matcher.consume_token(int(token)):
                 # Committed tokens were allowed by the masks: only a matcher failure (a lexer or
                 # parser limit reached on this input) refuses one.
-                raise ConstraintError(f"the constraint cannot be followed: {_first_line(self._matcher.get_error())} "
-                                      f"(at token {token})")
+                raise ConstraintError(
+                    f"the constraint cannot be followed: {_first_line(self._matcher.get_error())} (at token {token})"
+                )
 
     def forced(self, limit: int) -> list[int]:
         """The tokens the grammar forces from here (each the only token its mask allows), at
@@ -236,8 +238,16 @@ class LazyGrammar:
     Example (trigger "#", inner "(" [a-c]+ ")"): rows for draft "x#(" are free, free, "(" only, [a-c].
     """
 
-    def __init__(self, trigger_ids: Sequence[int], inner: Grammar | None, vocab_size: int, *,
-                 eos_token_ids: Sequence[int] = (), tail: tuple[int, ...] = (), active: Grammar | None = None) -> None:
+    def __init__(
+        self,
+        trigger_ids: Sequence[int],
+        inner: Grammar | None,
+        vocab_size: int,
+        *,
+        eos_token_ids: Sequence[int] = (),
+        tail: tuple[int, ...] = (),
+        active: Grammar | None = None,
+    ) -> None:
         self.trigger = tuple(int(t) for t in trigger_ids)
         self._start = inner  # at its start state; never consumes (forked when the trigger fires)
         self._active = active  # the inner grammar once triggered, at the committed tokens
@@ -252,15 +262,20 @@ class LazyGrammar:
         return self._active is not None
 
     def fork(self) -> LazyGrammar:
-        return LazyGrammar(self.trigger, self._start.fork() if self._start is not None else None, self.vocab_size,
-                           eos_token_ids=self.eos_token_ids, tail=self._tail,
-                           active=self._active.fork() if self._active is not None else None)
+        return LazyGrammar(
+            self.trigger,
+            self._start.fork() if self._start is not None else None,
+            self.vocab_size,
+            eos_token_ids=self.eos_token_ids,
+            tail=self._tail,
+            active=self._active.fork() if self._active is not None else None,
+        )
 
     def _fires(self, tail: tuple[int, ...], token: int) -> tuple[bool, tuple[int, ...]]:
         """Whether token completes the trigger after tail, and the tail after token."""
         seen = (*tail, int(token))
         n = len(self.trigger)
-        return seen[-n:] == self.trigger, seen[max(0, len(seen) - (n - 1)):] if n > 1 else ()
+        return seen[-n:] == self.trigger, seen[max(0, len(seen) - (n - 1)) :] if n > 1 else ()
 
     def _free_row(self, tail: tuple[int, ...]) -> np.ndarray:
         if self._free is None:
@@ -296,7 +311,7 @@ class LazyGrammar:
             fired, tail = self._fires(tail, token)
             if fired:  # the rest of the window (and the bonus row) is the inner grammar's
                 assert self._start is not None, "a forbidden trigger in a draft (valid_prefix cuts it)"
-                return np.concatenate([np.stack(rows), self._start.masks(draft_ids[i + 1:])])
+                return np.concatenate([np.stack(rows), self._start.masks(draft_ids[i + 1 :])])
             rows.append(self._free_row(tail))
         return np.stack(rows)
 
@@ -309,7 +324,7 @@ class LazyGrammar:
             if fired:
                 if self._start is None:
                     return i
-                return i + 1 + self._start.valid_prefix(token_ids[i + 1:])
+                return i + 1 + self._start.valid_prefix(token_ids[i + 1 :])
         return len(token_ids)
 
     def consume(self, token_ids: Sequence[int]) -> None:

@@ -97,8 +97,9 @@ class Engine:
     def tokenizer(self):
         return self.target.tokenizer
 
-    def encode_prompt(self, prompt: str | None = None, messages: Sequence[dict] | None = None,
-                      tools: Sequence[dict] | None = None) -> list[int]:
+    def encode_prompt(
+        self, prompt: str | None = None, messages: Sequence[dict] | None = None, tools: Sequence[dict] | None = None
+    ) -> list[int]:
         """Prompt ids: the text, or the messages through the chat template (with OpenAI's function
         tools rendered as the template does; see draftwise.tools for the calls' constraint)."""
         if (prompt is None) == (messages is None):
@@ -158,16 +159,18 @@ class Engine:
             for name in drafters:
                 if name in self.skipped_drafters:
                     raise ConfigError(f"drafter {name!r} was {self.skipped_drafters[name]}")
-            raise ConfigError(f"unknown drafter in {list(drafters)}; "
-                              f"this engine has: {', '.join(sorted(known)) or 'none'}")
+            raise ConfigError(
+                f"unknown drafter in {list(drafters)}; this engine has: {', '.join(sorted(known)) or 'none'}"
+            )
         # A bad schema or grammar fails here, before the request is queued (compiling is ~1 ms
         # once the model's tokenizer adapter is built); so does one that admits no answer.
         grammar = None
         if sampling.constraint is not None:
             grammar = compile_constraint(sampling.constraint, self.target)
             grammar.check_start()
-        request = ValidRequest(list(prompt_ids), sampling, speculation, cancelled,
-                               None if drafters is None else tuple(drafters), grammar)
+        request = ValidRequest(
+            list(prompt_ids), sampling, speculation, cancelled, None if drafters is None else tuple(drafters), grammar
+        )
         return Generation(request, self._run)
 
     # ------------------------------------------------------------------ slots
@@ -231,16 +234,30 @@ class Engine:
         policy = self._policy_for(slot, speculation.policy, [d.name for d in drafters])
         greedy = sampling.greedy
         req = Request(
-            sampling=sampling, context=list(request.prompt_ids), rng=make_rng(sampling.seed), policy=policy,
-            stats=RequestStats(num_prompt_tokens=len(request.prompt_ids)), slot=slot,
-            decoder=StreamDecoder(self.tokenizer), greedy=greedy, grammar=request.grammar,
-            trees=(greedy and request.grammar is None and speculation.max_branches > 1
-                   and hasattr(slot.target, "extend_tree")),
-            fast_forward=speculation.enabled, drafters=drafters, prompt_ids=list(request.prompt_ids),
+            sampling=sampling,
+            context=list(request.prompt_ids),
+            rng=make_rng(sampling.seed),
+            policy=policy,
+            stats=RequestStats(num_prompt_tokens=len(request.prompt_ids)),
+            slot=slot,
+            decoder=StreamDecoder(self.tokenizer),
+            greedy=greedy,
+            grammar=request.grammar,
+            trees=(
+                greedy
+                and request.grammar is None
+                and speculation.max_branches > 1
+                and hasattr(slot.target, "extend_tree")
+            ),
+            fast_forward=speculation.enabled,
+            drafters=drafters,
+            prompt_ids=list(request.prompt_ids),
             stop_hold=max((len(s) for s in sampling.stop), default=1) - 1,
             # A constrained answer ends when its grammar does, whatever ignore_eos says.
             eos_ids=self.tokenizer.eos_token_ids if not sampling.ignore_eos or request.grammar else frozenset(),
-            cancelled=request.cancelled, t_decode=time.perf_counter())
+            cancelled=request.cancelled,
+            t_decode=time.perf_counter(),
+        )
         policy.begin(drafters, speculation)
         for drafter in drafters:
             drafter.begin(sampling, speculation)
@@ -263,10 +280,15 @@ class Engine:
         stats.skipped_drafters = dict(self.skipped_drafters)
         if req.grammar is not None:
             stats.num_masks, stats.mask_ms = req.grammar.num_masks, req.grammar.mask_ms
-        req.result = Result(text=text, token_ids=req.generated, stats=stats, prompt_ids=req.prompt_ids,
-                            logprobs=None if req.sampling.logprobs is None else req.logprobs[:req.num_text_tokens()],
-                            prompt_logprobs=None if req.sampling.prompt_logprobs is None else req.prompt_logprobs)
-        return text[req.emitted:]
+        req.result = Result(
+            text=text,
+            token_ids=req.generated,
+            stats=stats,
+            prompt_ids=req.prompt_ids,
+            logprobs=None if req.sampling.logprobs is None else req.logprobs[: req.num_text_tokens()],
+            prompt_logprobs=None if req.sampling.prompt_logprobs is None else req.prompt_logprobs,
+        )
+        return text[req.emitted :]
 
     # ------------------------------------------------------------------ one request
     def _run(self, gen: Generation) -> Iterator[str]:

@@ -20,12 +20,36 @@ from draftwise.errors import ConfigError
 
 # Token texts by role, as llama.cpp's vocabulary loader looks for them (src/llama-vocab.cpp).
 FIM_TEXTS: dict[str, tuple[str, ...]] = {
-    "prefix": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
-               "<|code_prefix|>", "<|prefix|>"),
-    "suffix": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>",
-               "<|code_suffix|>", "<|suffix|>"),
-    "middle": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>",
-               "<|code_middle|>", "<|middle|>"),
+    "prefix": (
+        "<|fim_prefix|>",
+        "<fim-prefix>",
+        "<fim_prefix>",
+        "<｜fim▁begin｜>",
+        "<PRE>",
+        "▁<PRE>",
+        "<|code_prefix|>",
+        "<|prefix|>",
+    ),
+    "suffix": (
+        "<|fim_suffix|>",
+        "<fim-suffix>",
+        "<fim_suffix>",
+        "<｜fim▁hole｜>",
+        "<SUF>",
+        "▁<SUF>",
+        "<|code_suffix|>",
+        "<|suffix|>",
+    ),
+    "middle": (
+        "<|fim_middle|>",
+        "<fim-middle>",
+        "<fim_middle>",
+        "<｜fim▁end｜>",
+        "<MID>",
+        "▁<MID>",
+        "<|code_middle|>",
+        "<|middle|>",
+    ),
     "pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"),
     "repo": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
     "file_sep": ("<|file_sep|>",),
@@ -93,15 +117,25 @@ def fim_tokens(tokenizer: Tokenizer) -> FimTokens | None:
 def require_fim_tokens(tokenizer: Tokenizer) -> FimTokens:
     tokens = fim_tokens(tokenizer)
     if tokens is None:
-        raise FimUnsupportedError("this model has no fill-in-the-middle tokens (prefix, suffix and middle), so it "
-                                  "cannot complete between a prefix and a suffix; use a FIM-trained model such as "
-                                  "Qwen2.5-Coder")
+        raise FimUnsupportedError(
+            "this model has no fill-in-the-middle tokens (prefix, suffix and middle), so it "
+            "cannot complete between a prefix and a suffix; use a FIM-trained model such as "
+            "Qwen2.5-Coder"
+        )
     return tokens
 
 
-def fim_prompt(tokenizer: Tokenizer, prefix: str, suffix: str, *, prompt: str = "",
-               extra: Sequence[tuple[str, str]] = (), repo_level: bool = True, budget: FimBudget | None = None,
-               tokens: FimTokens | None = None) -> FimPrompt:
+def fim_prompt(
+    tokenizer: Tokenizer,
+    prefix: str,
+    suffix: str,
+    *,
+    prompt: str = "",
+    extra: Sequence[tuple[str, str]] = (),
+    repo_level: bool = True,
+    budget: FimBudget | None = None,
+    tokens: FimTokens | None = None,
+) -> FimPrompt:
     """The prompt ids for filling in between prefix (+ prompt, the typed part of the line) and
     suffix, after extra (filename, text) chunks. Prefix-suffix-middle order; every text is
     tokenised as text (a control token's text in code never becomes the control token).
@@ -138,9 +172,9 @@ def fim_prompt(tokenizer: Tokenizer, prefix: str, suffix: str, *, prompt: str = 
         if budget.n_ctx is not None:
             n_extra = min(n_extra, max(0, budget.n_ctx - budget.batch - 2 * budget.n_predict))
         dropped = [len(ids_prefix) - n_prefix, len(ids_suffix) - n_suffix, len(ids_extra) - n_extra]
-        ids_prefix = ids_prefix[len(ids_prefix) - n_prefix:]
+        ids_prefix = ids_prefix[len(ids_prefix) - n_prefix :]
         ids_suffix = ids_suffix[:n_suffix]
-        ids_extra = ids_extra[len(ids_extra) - n_extra:]
+        ids_extra = ids_extra[len(ids_extra) - n_extra :]
     bos = tokenizer.encode("", add_special=True)  # [BOS] where the model adds one, else []
     ids = [*bos, *ids_extra, tokens.prefix, *ids_prefix, *ids_prompt, tokens.suffix, *ids_suffix, tokens.middle]
     return FimPrompt(ids, *dropped)

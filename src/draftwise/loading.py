@@ -58,7 +58,7 @@ class LoadOptions:
 
 
 def backend_kind(path: Path, options: LoadOptions) -> str:
-    """"llamacpp" or "hf": as asked, or for "auto" by the model: a directory is a transformers model."""
+    """ "llamacpp" or "hf": as asked, or for "auto" by the model: a directory is a transformers model."""
     if options.backend != "auto":
         return options.backend
     return "hf" if Path(path).expanduser().is_dir() else "llamacpp"
@@ -81,12 +81,25 @@ def load_backend(spec: str, options: LoadOptions = LoadOptions(), progress=None)
             raise ConfigError(f"{path} is a directory; the llama.cpp backend needs a .gguf file (or use --backend hf)")
         from draftwise.backends.llamacpp import LlamaCppBackend
 
-        return LlamaCppBackend(path, n_ctx=options.n_ctx, n_threads=options.threads, name=name,
-                               n_seq_max=options.n_seq_max, slots=options.slots)
+        return LlamaCppBackend(
+            path,
+            n_ctx=options.n_ctx,
+            n_threads=options.threads,
+            name=name,
+            n_seq_max=options.n_seq_max,
+            slots=options.slots,
+        )
     from draftwise.backends.hf import HFBackend
 
-    return HFBackend(path, dtype=options.dtype, device=options.device, n_ctx=options.n_ctx,
-                     n_threads=options.threads, name=name, slots=options.slots)
+    return HFBackend(
+        path,
+        dtype=options.dtype,
+        device=options.device,
+        n_ctx=options.n_ctx,
+        n_threads=options.threads,
+        name=name,
+        slots=options.slots,
+    )
 
 
 def parse_drafters(spec: str | None) -> list[str]:
@@ -138,13 +151,17 @@ def draft_model_verdict(target: Backend, draft: Backend, speculation: Speculatio
         return ""
     best, k = draft_speedup(target_cost, draft_cost)
     if best <= MIN_GAIN:
-        return (f"not loaded: even with every draft token accepted it would run at {best:.2f}x of plain decoding "
-                f"on this machine (best k = {k}, from the calibrated costs), below the {MIN_GAIN:.2f}x the auto "
-                "policy needs; --policy fixed loads it anyway")
-    return (f"not loaded: the auto policy would never draft with it on this machine: at the acceptance it starts "
-            f"from ({DRAFT_MODEL_PRIOR:.2f} per token) it would run at {at_prior:.2f}x of plain decoding, below the "
-            f"{MIN_GAIN:.2f}x it needs (with every token accepted {best:.2f}x at k = {k}, from the calibrated "
-            "costs); --policy fixed loads it anyway")
+        return (
+            f"not loaded: even with every draft token accepted it would run at {best:.2f}x of plain decoding "
+            f"on this machine (best k = {k}, from the calibrated costs), below the {MIN_GAIN:.2f}x the auto "
+            "policy needs; --policy fixed loads it anyway"
+        )
+    return (
+        f"not loaded: the auto policy would never draft with it on this machine: at the acceptance it starts "
+        f"from ({DRAFT_MODEL_PRIOR:.2f} per token) it would run at {at_prior:.2f}x of plain decoding, below the "
+        f"{MIN_GAIN:.2f}x it needs (with every token accepted {best:.2f}x at k = {k}, from the calibrated "
+        "costs); --policy fixed loads it anyway"
+    )
 
 
 def datastore_drafter(path: str):
@@ -178,8 +195,9 @@ def load_engine(
                 drafters.append(free_drafter(name, options))
                 continue
             # The draft follows the target's slots: a slot's requests draft on its own sequence.
-            draft_backend = load_backend(name, draft_options or replace(options, n_seq_max=1,
-                                                                        slots=num_slots(target_backend)), progress)
+            draft_backend = load_backend(
+                name, draft_options or replace(options, n_seq_max=1, slots=num_slots(target_backend)), progress
+            )
             try:
                 check_tokenizers(target_backend, draft_backend)  # before any calibration of a useless draft
             except BaseException:

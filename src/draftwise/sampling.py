@@ -55,15 +55,15 @@ def adjusted(logits: np.ndarray, params: SamplingParams, history: History | None
     repeat = params.repeat_penalty != 1.0 and params.repeat_last_n != 0
     counting = params.presence_penalty or params.frequency_penalty
     tokens = history.tokens
-    window = tokens if params.repeat_last_n < 0 else tokens[max(0, len(tokens) - params.repeat_last_n):]
-    generated = tokens[history.num_prompt:] if counting else ()
+    window = tokens if params.repeat_last_n < 0 else tokens[max(0, len(tokens) - params.repeat_last_n) :]
+    generated = tokens[history.num_prompt :] if counting else ()
     for j in range(out.shape[0]):
         extra = tuple(history.extra[: history.offset + j])
         row = out[j]
         if repeat:
             seen = [*window, *extra]
             if params.repeat_last_n > 0:
-                seen = seen[-params.repeat_last_n:]
+                seen = seen[-params.repeat_last_n :]
             ids = np.unique(np.asarray(seen, dtype=np.int64))
             values = row[ids]
             row[ids] = np.where(values > 0, values / params.repeat_penalty, values * params.repeat_penalty)

@@ -119,8 +119,9 @@ class PhaseClock:
             self.ms["masks"] += spent
 
 
-def step(target: Backend, reqs: Sequence[Request], prefills: Sequence[Prefill] = (),
-         *, trees: bool = False, target_time=None) -> StepResult:
+def step(
+    target: Backend, reqs: Sequence[Request], prefills: Sequence[Prefill] = (), *, trees: bool = False, target_time=None
+) -> StepResult:
     """One step for each request with one target forward for all of them. `prefills`
     (sequence, ids[, request]) ride in the same forward without logits (chunked prefill of
     joining requests), or with a row each where the request asks for prompt logprobs. trees:
@@ -153,7 +154,7 @@ def step(target: Backend, reqs: Sequence[Request], prefills: Sequence[Prefill] =
     try:
         with clock("forward") as lap:
             logits = forward(target, [(reqs[i], d) for i, d in drafted.items()], prefills)
-        score_prompts(prefills, logits[len(drafted):])
+        score_prompts(prefills, logits[len(drafted) :])
         logits = logits[: len(drafted)]
     except Exception as exc:  # a shared act: no one request to blame
         for i in drafted:
@@ -219,8 +220,10 @@ def plan(items: dict[int, tuple[Request, Ready]], extra_rows: int, out: list[Out
     estimates; changes nothing but what a policy keeps of its own planning (free drafters
     propose while it plans). Auto policies of one engine choose jointly for the shared forward;
     if the joint plan fails, each request plans alone, so a failure ends only its request."""
-    states = {i: PlanState(context=r.context, max_k=r.max_k, greedy=req.greedy, grammar=req.grammar,
-                           num_forced=len(r.forced)) for i, (req, r) in items.items()}
+    states = {
+        i: PlanState(context=r.context, max_k=r.max_k, greedy=req.greedy, grammar=req.grammar, num_forced=len(r.forced))
+        for i, (req, r) in items.items()
+    }
     auto = [i for i, (req, _) in items.items() if isinstance(req.policy, AutoPolicy)]
     plans: dict[int, Plan] = {}
     if auto and (len(auto) > 1 or extra_rows):
@@ -248,8 +251,9 @@ def draft(req: Request, ready: Ready, plan: Plan, trees: bool) -> Draft | TreeDr
     return proposal
 
 
-def forward(target: Backend, drafted: Sequence[tuple[Request, Drafted]],
-            prefills: Sequence[Prefill]) -> list[np.ndarray]:
+def forward(
+    target: Backend, drafted: Sequence[tuple[Request, Drafted]], prefills: Sequence[Prefill]
+) -> list[np.ndarray]:
     """4. Forward: one target pass over, per request, [uncached committed tail, d_1..d_k] with
     logits for its k+1 rows [last committed, d_1..d_k] (and, when it asks for logprobs, the
     rows before its forced tokens: [m+k+1, V]), plus the prefill chunks (no logits, or a row
@@ -259,9 +263,14 @@ def forward(target: Backend, drafted: Sequence[tuple[Request, Drafted]],
     if len(drafted) == 1 and not prefills and isinstance(drafted[0][1].draft, TreeDraft):
         req, d = drafted[0]
         return [req.slot.target.extend_tree(d.ready.context[-1], d.draft.branches)]
-    items = [(req.slot.target, [*d.ready.context[req.slot.target.num_cached:], *d.draft.token_ids],
-              len(d.draft) + 1 + (len(d.ready.forced) if req.sampling.logprobs is not None else 0))
-             for req, d in drafted]
+    items = [
+        (
+            req.slot.target,
+            [*d.ready.context[req.slot.target.num_cached :], *d.draft.token_ids],
+            len(d.draft) + 1 + (len(d.ready.forced) if req.sampling.logprobs is not None else 0),
+        )
+        for req, d in drafted
+    ]
     items += [(item[0], list(item[1]), len(item[1]) if _scored(item) else 0) for item in prefills]
     return extend_batch(target, items)
 
@@ -273,7 +282,7 @@ def score_prompts(prefills: Sequence[Prefill], logits: Sequence[np.ndarray]) -> 
         if _scored(item):
             req = item[2]
             start = len(req.prompt_logprobs) + 1  # the first prompt token has no logprob
-            following = req.prompt_ids[start: start + len(item[1])]
+            following = req.prompt_ids[start : start + len(item[1])]
             req.prompt_logprobs.extend(logprobs(rows, following, req.sampling.prompt_logprobs))
 
 
@@ -284,12 +293,19 @@ def verify(req: Request, drafted: Drafted, logits: np.ndarray) -> Verified:
     proposal, sampling = drafted.draft, req.sampling
     history = History(drafted.ready.context, len(req.prompt_ids))
     if isinstance(proposal, TreeDraft):
-        branch, verdict = greedy_verify_tree(proposal.branches, [
-            choose_greedy(x, sampling, replace(history, extra=b)) for x, b in zip(logits, proposal.branches)])
-        return Verified(drafted, verdict, proposal.branches[branch], branch,
-                        _logprobs(req, (), logits[branch], verdict.committed(proposal.branches[branch])))
+        branch, verdict = greedy_verify_tree(
+            proposal.branches,
+            [choose_greedy(x, sampling, replace(history, extra=b)) for x, b in zip(logits, proposal.branches)],
+        )
+        return Verified(
+            drafted,
+            verdict,
+            proposal.branches[branch],
+            branch,
+            _logprobs(req, (), logits[branch], verdict.committed(proposal.branches[branch])),
+        )
     history = replace(history, extra=proposal.token_ids)
-    forced_rows, logits = logits[: len(logits) - len(proposal) - 1], logits[len(logits) - len(proposal) - 1:]
+    forced_rows, logits = logits[: len(logits) - len(proposal) - 1], logits[len(logits) - len(proposal) - 1 :]
     raw = logits  # [k+1, V]
     if req.grammar is not None:
         logits = masked(logits, req.grammar.masks(proposal.token_ids))  # [k+1, V]
@@ -298,8 +314,12 @@ def verify(req: Request, drafted: Drafted, logits: np.ndarray) -> Verified:
     else:
         verdict = rejection_sample(proposal, LazyTargetProbs(logits, sampling, history), req.rng)
     committed = verdict.committed(proposal.token_ids)
-    return Verified(drafted, verdict, proposal.token_ids,
-                    logprobs=_logprobs(req, forced_rows, raw, drafted.ready.forced + tuple(committed)))
+    return Verified(
+        drafted,
+        verdict,
+        proposal.token_ids,
+        logprobs=_logprobs(req, forced_rows, raw, drafted.ready.forced + tuple(committed)),
+    )
 
 
 def commit(req: Request, verified: Verified, fwd: Forward, batch_size: int) -> list[int]:
@@ -318,11 +338,15 @@ def commit(req: Request, verified: Verified, fwd: Forward, batch_size: int) -> l
         req.grammar.consume([t for t in committed if t not in req.grammar.eos_token_ids])
     stats = StepStats(
         drafter=proposal.source if len(proposal) else "none",
-        num_drafted=len(proposal), num_accepted=verdict.num_accepted,
-        num_committed=len(committed) + len(forced), draft_ms=drafted.draft_ms,
-        verify_ms=fwd.ms, planned_k=drafted.plan.k,
+        num_drafted=len(proposal),
+        num_accepted=verdict.num_accepted,
+        num_committed=len(committed) + len(forced),
+        draft_ms=drafted.draft_ms,
+        verify_ms=fwd.ms,
+        planned_k=drafted.plan.k,
         num_branches=len(proposal.branches) if isinstance(proposal, TreeDraft) else 1,
-        num_forced=len(forced), batch_rows=fwd.rows if fwd.batched else 0,
+        num_forced=len(forced),
+        batch_rows=fwd.rows if fwd.batched else 0,
         batch_size=batch_size if fwd.batched else 1,
     )
     req.stats.record(stats)
@@ -364,4 +388,3 @@ def _fit(draft: Draft | TreeDraft, max_k: int, max_branches: int) -> Draft | Tre
             return TreeDraft(branches, draft.source, draft.score)
         return Draft(branches[0] if branches else (), None, draft.source, draft.score)  # trees have no kind
     return draft.truncated(max_k)
-

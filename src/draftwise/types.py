@@ -138,15 +138,17 @@ class SamplingParams:
         _check(0 <= self.min_p < 1, f"min_p must be in [0, 1), got {self.min_p}")
         _check(self.max_tokens >= 0, f"max_tokens must be >= 0, got {self.max_tokens}")
         _check(-2 <= self.presence_penalty <= 2, f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
-        _check(-2 <= self.frequency_penalty <= 2,
-               f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
+        _check(-2 <= self.frequency_penalty <= 2, f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
         _check(self.repeat_penalty > 0, f"repeat_penalty must be > 0 (1 disables it), got {self.repeat_penalty}")
-        _check(self.repeat_last_n >= -1,
-               f"repeat_last_n must be >= -1 (-1: the whole context), got {self.repeat_last_n}")
+        _check(
+            self.repeat_last_n >= -1, f"repeat_last_n must be >= -1 (-1: the whole context), got {self.repeat_last_n}"
+        )
         bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
         bias = tuple(sorted((int(t), float(b)) for t, b in bias))
-        _check(all(t >= 0 and -100 <= b <= 100 for t, b in bias),
-               "logit_bias maps token ids (>= 0) to biases in [-100, 100]")
+        _check(
+            all(t >= 0 and -100 <= b <= 100 for t, b in bias),
+            "logit_bias maps token ids (>= 0) to biases in [-100, 100]",
+        )
         object.__setattr__(self, "logit_bias", bias)
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
@@ -164,8 +166,12 @@ class SamplingParams:
     @property
     def adjusts_logits(self) -> bool:
         """Whether logit_bias or a penalty changes the logits (each row then needs its history)."""
-        return bool(self.logit_bias or self.presence_penalty or self.frequency_penalty
-                    or (self.repeat_penalty != 1.0 and self.repeat_last_n != 0))
+        return bool(
+            self.logit_bias
+            or self.presence_penalty
+            or self.frequency_penalty
+            or (self.repeat_penalty != 1.0 and self.repeat_last_n != 0)
+        )
 
 
 POLICIES = ("auto", "fixed", "heuristic")
@@ -192,13 +198,18 @@ class SpeculationConfig:
 
     def __post_init__(self) -> None:
         _check(self.policy in POLICIES, f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
-        _check(1 <= self.max_draft_tokens <= 256,
-               f"max_draft_tokens (k) must be in [1, 256], got {self.max_draft_tokens}")
-        _check(1 <= self.min_draft_tokens <= self.max_draft_tokens, f"min_draft_tokens must be in "
-               f"[1, max_draft_tokens={self.max_draft_tokens}], got {self.min_draft_tokens}")
+        _check(
+            1 <= self.max_draft_tokens <= 256, f"max_draft_tokens (k) must be in [1, 256], got {self.max_draft_tokens}"
+        )
+        _check(
+            1 <= self.min_draft_tokens <= self.max_draft_tokens,
+            f"min_draft_tokens must be in [1, max_draft_tokens={self.max_draft_tokens}], got {self.min_draft_tokens}",
+        )
         _check(1 <= self.max_branches <= 16, f"max_branches must be in [1, 16], got {self.max_branches}")
-        _check(self.draft_temperature is None or self.draft_temperature >= 0,
-               f"draft_temperature must be >= 0, got {self.draft_temperature}")
+        _check(
+            self.draft_temperature is None or self.draft_temperature >= 0,
+            f"draft_temperature must be >= 0, got {self.draft_temperature}",
+        )
         object.__setattr__(self, "prediction", tuple(int(t) for t in self.prediction))
 
 
@@ -221,8 +232,10 @@ class Draft:
     def __post_init__(self) -> None:
         object.__setattr__(self, "token_ids", tuple(int(t) for t in self.token_ids))
         if self.draft_probs is not None:
-            _check(self.draft_probs.ndim == 2 and self.draft_probs.shape[0] == len(self.token_ids),
-                   f"draft_probs must be [k={len(self.token_ids)}, V], got {self.draft_probs.shape}")
+            _check(
+                self.draft_probs.ndim == 2 and self.draft_probs.shape[0] == len(self.token_ids),
+                f"draft_probs must be [k={len(self.token_ids)}, V], got {self.draft_probs.shape}",
+            )
 
     def __len__(self) -> int:
         return len(self.token_ids)

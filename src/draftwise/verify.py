@@ -69,7 +69,9 @@ def _recover(target_row: np.ndarray, draft: Draft, i: int, token: int, rng: np.r
     return sample(residual, rng)
 
 
-def greedy_verify_tree(branches: Sequence[Sequence[int]], branch_argmax: Sequence[Sequence[int]]) -> tuple[int, Verdict]:
+def greedy_verify_tree(
+    branches: Sequence[Sequence[int]], branch_argmax: Sequence[Sequence[int]]
+) -> tuple[int, Verdict]:
     """Greedy verification of several candidate continuations checked in one target pass.
 
     branches[b] [k_b]; branch_argmax[b] [k_b + 1]: target argmax after the shared last

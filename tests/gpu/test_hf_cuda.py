@@ -60,8 +60,12 @@ def test_greedy_equivalence_on_cuda(cpu_model, drafter, k):
     draft = HFBackend.from_model(on_cuda(perturbed(cpu_model, noise=0.004), torch.float64), name="draft")
     engine = Engine(target, [ModelDrafter(draft), NgramDrafter(1, 3)])
     plain = engine.generate(prompt_ids=PROMPT, sampling=GREEDY, speculation=SpeculationConfig(enabled=False))
-    spec = engine.generate(prompt_ids=PROMPT, sampling=GREEDY, drafters=[drafter],
-                           speculation=SpeculationConfig(policy="fixed", max_draft_tokens=k))
+    spec = engine.generate(
+        prompt_ids=PROMPT,
+        sampling=GREEDY,
+        drafters=[drafter],
+        speculation=SpeculationConfig(policy="fixed", max_draft_tokens=k),
+    )
     assert spec.token_ids == plain.token_ids
     assert spec.stats.num_drafted > 0
 
@@ -73,8 +77,9 @@ def test_bfloat16_speculation_with_a_twin_draft(cpu_model):
     assert logits.dtype == np.float32 and logits.shape == (len(PROMPT), VOCAB)
     target.reset()
     engine = Engine(target, [ModelDrafter(twin)])
-    spec = engine.generate(prompt_ids=PROMPT, sampling=GREEDY,
-                           speculation=SpeculationConfig(policy="fixed", max_draft_tokens=4))
+    spec = engine.generate(
+        prompt_ids=PROMPT, sampling=GREEDY, speculation=SpeculationConfig(policy="fixed", max_draft_tokens=4)
+    )
     # Near-ties may flip between batched and one-at-a-time bf16 logits; the rest must agree.
     assert spec.stats.acceptance_rate > 0.8
     assert spec.stats.tokens_per_step > 2.5

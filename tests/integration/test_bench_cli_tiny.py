@@ -12,12 +12,29 @@ from draftwise.cli import main
 def test_bench_cli_on_tiny_models(tiny_gguf_dir, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(
-        json.dumps({"question_id": 1, "category": "code_edit", "turns": ["copy this: a b c d e f a b c d e f"]}) + "\n"
-        + json.dumps({"question_id": 2, "category": "multi_turn", "turns": ["hello there", "and again"]}) + "\n")
+        json.dumps({"question_id": 1, "category": "code_edit", "turns": ["copy this: a b c d e f a b c d e f"]})
+        + "\n"
+        + json.dumps({"question_id": 2, "category": "multi_turn", "turns": ["hello there", "and again"]})
+        + "\n"
+    )
     out = tmp_path / "out"
-    args = ["bench", "--prompts", str(prompts), "--methods", "baseline,draft,ngram", "--max-tokens", "12",
-            "--target", str(tiny_gguf_dir / "target.gguf"), "--draft-model", str(tiny_gguf_dir / "twin.gguf"),
-            "--threads", "1", "--out", str(out)]
+    args = [
+        "bench",
+        "--prompts",
+        str(prompts),
+        "--methods",
+        "baseline,draft,ngram",
+        "--max-tokens",
+        "12",
+        "--target",
+        str(tiny_gguf_dir / "target.gguf"),
+        "--draft-model",
+        str(tiny_gguf_dir / "twin.gguf"),
+        "--threads",
+        "1",
+        "--out",
+        str(out),
+    ]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     results = json.loads((out / "results.json").read_text())
@@ -25,7 +42,9 @@ def test_bench_cli_on_tiny_models(tiny_gguf_dir, tmp_path):
     assert all(r["error"] is None and r["new_tokens"] > 0 for r in results["records"])
     memory = results["meta"]["memory"]
     assert "draft_overhead_mb" in memory and "rss_target_mb" in memory
-    assert all(r["memory_overhead_mb"] == memory["draft_overhead_mb"] for r in results["records"] if r["method"] == "draft")
+    assert all(
+        r["memory_overhead_mb"] == memory["draft_overhead_mb"] for r in results["records"] if r["method"] == "draft"
+    )
     assert "| code_edit | ngram k=4 |" in (out / "report.md").read_text()
     assert (out / "speedup_by_category.png").exists()
 
@@ -39,10 +58,26 @@ def test_bench_cli_on_tiny_models(tiny_gguf_dir, tmp_path):
 def test_bench_cli_loads_no_draft_model_when_no_method_needs_it(tiny_gguf_dir, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"question_id": 1, "category": "chat", "turns": ["hi"]}) + "\n")
-    result = CliRunner().invoke(main, ["bench", "--prompts", str(prompts), "--methods", "baseline,ngram",
-                                       "--max-tokens", "8", "--target", str(tiny_gguf_dir / "target.gguf"),
-                                       "--draft-model", str(tmp_path / "missing.gguf"), "--threads", "1",
-                                       "--out", str(tmp_path / "out")])
+    result = CliRunner().invoke(
+        main,
+        [
+            "bench",
+            "--prompts",
+            str(prompts),
+            "--methods",
+            "baseline,ngram",
+            "--max-tokens",
+            "8",
+            "--target",
+            str(tiny_gguf_dir / "target.gguf"),
+            "--draft-model",
+            str(tmp_path / "missing.gguf"),
+            "--threads",
+            "1",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     meta = json.loads((tmp_path / "out" / "results.json").read_text())["meta"]
     assert meta["drafters"] == ["ngram", "suffix", "grammar", "prediction"] and meta["draft_model"] is None

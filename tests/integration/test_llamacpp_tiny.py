@@ -67,8 +67,9 @@ def test_bad_token_id_raises_and_keeps_state(target):
 def test_greedy_equivalence_tiny(tiny_gguf_dir, target, drafter, k):
     drafters = [NgramDrafter(1, 3)]
     if drafter != "ngram":
-        drafters = [ModelDrafter(LlamaCppBackend(tiny_gguf_dir / f"{drafter}.gguf", n_ctx=512, n_threads=1),
-                                 name=drafter)]
+        drafters = [
+            ModelDrafter(LlamaCppBackend(tiny_gguf_dir / f"{drafter}.gguf", n_ctx=512, n_threads=1), name=drafter)
+        ]
     engine = Engine(target, drafters)
     sampling = SamplingParams(max_tokens=40, ignore_eos=True)
     plain = engine.generate(PROMPT, sampling=sampling, speculation=SpeculationConfig(enabled=False))
@@ -137,8 +138,11 @@ def test_tree_greedy_equivalence_llamacpp(tree_target, branches):
     engine = Engine(tree_target, [NgramDrafter(1, 3)])
     sampling = SamplingParams(max_tokens=40, ignore_eos=True)
     plain = engine.generate(PROMPT, sampling=sampling, speculation=SpeculationConfig(enabled=False))
-    tree = engine.generate(PROMPT, sampling=sampling,
-                           speculation=SpeculationConfig(policy="fixed", max_draft_tokens=4, max_branches=branches))
+    tree = engine.generate(
+        PROMPT,
+        sampling=sampling,
+        speculation=SpeculationConfig(policy="fixed", max_draft_tokens=4, max_branches=branches),
+    )
     assert tree.token_ids == plain.token_ids and tree.stats.num_tree_steps > 0
 
 
@@ -161,8 +165,12 @@ def test_constrained_greedy_speculative_equals_constrained_plain(tiny_gguf_dir, 
         engine = Engine(target, [ModelDrafter(twin, name="twin"), NgramDrafter(1, 3), GrammarDrafter()])
         sampling = SamplingParams(max_tokens=60, constraint=Constraint.regex(pattern))
         plain = engine.generate(PROMPT, sampling=sampling, speculation=SpeculationConfig(enabled=False))
-        spec = engine.generate(PROMPT, sampling=sampling, drafters=[drafter],
-                               speculation=SpeculationConfig(policy="fixed", max_draft_tokens=k))
+        spec = engine.generate(
+            PROMPT,
+            sampling=sampling,
+            drafters=[drafter],
+            speculation=SpeculationConfig(policy="fixed", max_draft_tokens=k),
+        )
         assert re.fullmatch(pattern, plain.text) and plain.finish_reason == "stop"
         assert spec.token_ids == plain.token_ids
         # The fixed text is forced (or drafted and accepted, when a draft reached it first).
@@ -175,18 +183,21 @@ def test_constrained_greedy_speculative_equals_constrained_plain(tiny_gguf_dir, 
         twin.close()
 
 
-@pytest.mark.parametrize("verify_per_token, draft_ms, loaded, why", [
-    (0.6, 21.0, False, "even with every draft token accepted"),
-    (0.3, 10.0, False, "would never draft with it"),
-    (0.05, 3.0, True, ""),
-])
-def test_a_draft_model_that_cannot_pay_is_not_kept(tiny_gguf_dir, monkeypatch, verify_per_token, draft_ms, loaded,
-                                                   why):
+@pytest.mark.parametrize(
+    "verify_per_token, draft_ms, loaded, why",
+    [
+        (0.6, 21.0, False, "even with every draft token accepted"),
+        (0.3, 10.0, False, "would never draft with it"),
+        (0.05, 3.0, True, ""),
+    ],
+)
+def test_a_draft_model_that_cannot_pay_is_not_kept(tiny_gguf_dir, monkeypatch, verify_per_token, draft_ms, loaded, why):
     """Synthetic calibrations: a draft token at 0.7 of a target token and verification of k tokens
     at 0.6 k plain steps (a CPU) -> never worth it, so the auto default unloads it. A draft token
     at 1/3 of a target token and verification at 0.3 k: 1.55x if every token were accepted, but at
     the 70% the policy starts from at most 1.04x, so the policy would never try it: unloaded too.
-    With nearly free verification and a draft token at 1/10 of a target token (a GPU) it stays. --policy fixed keeps it either way."""
+    With nearly free verification and a draft token at 1/10 of a target token (a GPU) it stays. --policy fixed
+    keeps it either way."""
     from draftwise import calibrate
     from draftwise.calibrate import CostCurve
     from draftwise.loading import LoadOptions, load_engine
@@ -202,9 +213,12 @@ def test_a_draft_model_that_cannot_pay_is_not_kept(tiny_gguf_dir, monkeypatch, v
     try:
         assert ("draft" in [d.name for d in engine.drafters]) == loaded
         assert bool(engine.skipped_drafters) == (not loaded)
-        stats = engine.generate("hello", sampling=SamplingParams(max_tokens=4),
-                                speculation=SpeculationConfig(policy="fixed", max_draft_tokens=2),
-                                drafters=["ngram"]).stats
+        stats = engine.generate(
+            "hello",
+            sampling=SamplingParams(max_tokens=4),
+            speculation=SpeculationConfig(policy="fixed", max_draft_tokens=2),
+            drafters=["ngram"],
+        ).stats
         assert ("draft" in stats.to_dict()["skipped_drafters"]) == (not loaded)
         if not loaded:
             assert why in engine.skipped_drafters["draft"] and "x of plain decoding" in engine.skipped_drafters["draft"]
@@ -212,8 +226,12 @@ def test_a_draft_model_that_cannot_pay_is_not_kept(tiny_gguf_dir, monkeypatch, v
                 engine.generate("hello", drafters=["draft"])
     finally:
         engine.target.close()
-    fixed = load_engine(str(tiny_gguf_dir / "target.gguf"), str(tiny_gguf_dir / "draft.gguf"), options=options,
-                        speculation=SpeculationConfig(policy="fixed"))
+    fixed = load_engine(
+        str(tiny_gguf_dir / "target.gguf"),
+        str(tiny_gguf_dir / "draft.gguf"),
+        options=options,
+        speculation=SpeculationConfig(policy="fixed"),
+    )
     assert [d.name for d in fixed.drafters] == ["draft"]
     fixed.target.close()
 
@@ -240,8 +258,9 @@ def test_sequences_are_independent_in_one_batch(tiny_gguf_dir, target):
         other = LlamaCppBackend(tiny_gguf_dir / "target.gguf", n_ctx=512, n_threads=1, slots=3)
         try:
             b_other = [(t * 7 + 3) % 200 + 1 for t in b]
-            same_a, _, _ = other.extend_batch([(other.sequence(1), a, 3), (other.sequence(2), b_other, 1),
-                                               (other, b_other[:4], 0)])
+            same_a, _, _ = other.extend_batch(
+                [(other.sequence(1), a, 3), (other.sequence(2), b_other, 1), (other, b_other[:4], 0)]
+            )
             np.testing.assert_array_equal(same_a, out_a)
         finally:
             other.close()
@@ -263,8 +282,12 @@ def test_batched_greedy_equals_single_llamacpp(tiny_gguf_dir):
     from draftwise.batching import Batcher
 
     prompts = [PROMPT, "x = [1, 2, 3]\nprint(x)\nx = [1, 2", "class A:\n    pass\n\nclass B", "a b a b a b"]
-    specs = [SpeculationConfig(policy="fixed", max_draft_tokens=4), SpeculationConfig(policy="fixed", max_draft_tokens=2),
-             SpeculationConfig(enabled=False), SpeculationConfig(policy="fixed", max_draft_tokens=3)]
+    specs = [
+        SpeculationConfig(policy="fixed", max_draft_tokens=4),
+        SpeculationConfig(policy="fixed", max_draft_tokens=2),
+        SpeculationConfig(enabled=False),
+        SpeculationConfig(policy="fixed", max_draft_tokens=3),
+    ]
     sampling = SamplingParams(max_tokens=24, ignore_eos=True)
     single_target = LlamaCppBackend(tiny_gguf_dir / "target.gguf", n_ctx=512, n_threads=1)
     single_draft = LlamaCppBackend(tiny_gguf_dir / "draft.gguf", n_ctx=512, n_threads=1)
@@ -273,10 +296,15 @@ def test_batched_greedy_equals_single_llamacpp(tiny_gguf_dir):
     try:
         single = Engine(single_target, [NgramDrafter(1, 3), ModelDrafter(single_draft, name="draft")])
         drafter_sets = [["ngram"], ["draft"], None, ["draft", "ngram"]]
-        expected = [single.generate(p, sampling=sampling, speculation=s, drafters=d).token_ids
-                    for p, s, d in zip(prompts, specs, drafter_sets)]
+        expected = [
+            single.generate(p, sampling=sampling, speculation=s, drafters=d).token_ids
+            for p, s, d in zip(prompts, specs, drafter_sets)
+        ]
         engine = Engine(target, [NgramDrafter(1, 3), ModelDrafter(draft, name="draft")])
-        gens = [engine.stream(p, sampling=sampling, speculation=s, drafters=d) for p, s, d in zip(prompts, specs, drafter_sets)]
+        gens = [
+            engine.stream(p, sampling=sampling, speculation=s, drafters=d)
+            for p, s, d in zip(prompts, specs, drafter_sets)
+        ]
         results = Batcher(engine, prefill_chunk=5).run(gens)  # 4 requests, 3 slots: one joins later
         single_target.reset()
         for prompt, result, want in zip(prompts, results, expected):

@@ -25,6 +25,7 @@ def make_engine(*, n_ctx: int = 4096, step_delay_s: float = 0.0, draft_model: bo
     slots > 1: the server batches that many requests."""
     target_model = ToyModel(vocab_size=40, sharpness=3)
     if step_delay_s:
+
         def slow_logits(context, _model=target_model):
             time.sleep(step_delay_s)
             return _model.logits(context)
@@ -48,8 +49,15 @@ class LiveServer:
     def __init__(self, engine: Engine, api_key: str | None = None, app=None, **options) -> None:
         self.engine = engine
         self.app = app or create_app(engine, MODEL, api_key=api_key)
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=0, log_config=None, log_level="warning",
-                                lifespan="on", **uvicorn_options(**options))
+        config = uvicorn.Config(
+            self.app,
+            host="127.0.0.1",
+            port=0,
+            log_config=None,
+            log_level="warning",
+            lifespan="on",
+            **uvicorn_options(**options),
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="uvicorn-test", daemon=True)
 

@@ -29,8 +29,14 @@ def server2():
 
 def test_chat_logprobs_speculative_equal_plain_and_streamed(server2):
     c = client(server2.url)
-    kwargs = dict(model=MODEL, messages=[{"role": "user", "content": "abc abc abc"}], max_tokens=24,
-                  temperature=0, logprobs=True, top_logprobs=3)
+    kwargs = dict(
+        model=MODEL,
+        messages=[{"role": "user", "content": "abc abc abc"}],
+        max_tokens=24,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+    )
     plain = c.chat.completions.create(**kwargs, extra_body=PLAIN).choices[0]
     spec = c.chat.completions.create(**kwargs, extra_body=SPEC)
     assert spec.usage.speculative["num_accepted"] > 0
@@ -43,8 +49,9 @@ def test_chat_logprobs_speculative_equal_plain_and_streamed(server2):
         assert a.top_logprobs[0].logprob >= a.logprob - 1e-9  # greedy: the token is the top one
     chunks = list(c.chat.completions.create(**kwargs, extra_body=SPEC, stream=True))
     streamed = [e for ch in chunks for choice in ch.choices if choice.logprobs for e in choice.logprobs.content]
-    assert [(e.token, round(e.logprob, 6)) for e in streamed] == \
-        [(e.token, round(e.logprob, 6)) for e in plain.logprobs.content]
+    assert [(e.token, round(e.logprob, 6)) for e in streamed] == [
+        (e.token, round(e.logprob, 6)) for e in plain.logprobs.content
+    ]
 
 
 def test_echo_scores_the_prompt_with_max_tokens_0_and_1(server2):
@@ -53,16 +60,25 @@ def test_echo_scores_the_prompt_with_max_tokens_0_and_1(server2):
     ids = engine.tokenizer.encode("hello world", add_special=True)
     table = engine.target._logits_fn  # the toy's exact logits for a context
     for max_tokens in (0, 1):
-        r = httpx.post(f"{server2.url}/v1/completions", timeout=30, json={
-            "model": MODEL, "prompt": ids, "echo": True, "logprobs": 1, "max_tokens": max_tokens,
-            "temperature": 0}).json()
+        r = httpx.post(
+            f"{server2.url}/v1/completions",
+            timeout=30,
+            json={
+                "model": MODEL,
+                "prompt": ids,
+                "echo": True,
+                "logprobs": 1,
+                "max_tokens": max_tokens,
+                "temperature": 0,
+            },
+        ).json()
         choice = r["choices"][0]
         lp = choice["logprobs"]
         assert choice["text"].startswith("hello world")
         assert lp["token_logprobs"][0] is None and len(lp["tokens"]) == len(ids) + max_tokens
         assert lp["text_offset"][:2] == [0, 1]
         expected = [logprobs(table(ids[:i])[None], [ids[i]], 1)[0].logprob for i in range(1, len(ids))]
-        np.testing.assert_allclose(lp["token_logprobs"][1:len(ids)], expected, atol=1e-9)
+        np.testing.assert_allclose(lp["token_logprobs"][1 : len(ids)], expected, atol=1e-9)
         assert all(len(top) == 1 for top in lp["top_logprobs"][1:])
 
 
@@ -92,8 +108,9 @@ def test_n_choices_greedy_equal_sampled_independent_and_streamed_with_indices(se
     assert [ch.message.content for ch in again.choices] == [ch.message.content for ch in sampled.choices]
     texts: dict[int, str] = {}
     finished = set()
-    for chunk in c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=12, temperature=1.0, n=5, seed=1,
-                                           stream=True):
+    for chunk in c.chat.completions.create(
+        model=MODEL, messages=msgs, max_tokens=12, temperature=1.0, n=5, seed=1, stream=True
+    ):
         for choice in chunk.choices:
             texts[choice.index] = texts.get(choice.index, "") + (choice.delta.content or "")
             if choice.finish_reason:
@@ -105,12 +122,18 @@ def test_n_choices_greedy_equal_sampled_independent_and_streamed_with_indices(se
 def test_penalties_and_logit_bias_are_honoured(server2):
     c = client(server2.url)
     token = server2.engine.tokenizer.encode("q", add_special=False)[0]
-    r = c.completions.create(model=MODEL, prompt="abc", max_tokens=5, temperature=0,
-                             logit_bias={str(token): 100})
+    r = c.completions.create(model=MODEL, prompt="abc", max_tokens=5, temperature=0, logit_bias={str(token): 100})
     assert r.choices[0].text == "q" * 5
     plain = c.completions.create(model=MODEL, prompt="abab", max_tokens=16, temperature=0)
-    penalised = c.completions.create(model=MODEL, prompt="abab", max_tokens=16, temperature=0,
-                                     frequency_penalty=2.0, presence_penalty=2.0, extra_body={"repeat_penalty": 1.5})
+    penalised = c.completions.create(
+        model=MODEL,
+        prompt="abab",
+        max_tokens=16,
+        temperature=0,
+        frequency_penalty=2.0,
+        presence_penalty=2.0,
+        extra_body={"repeat_penalty": 1.5},
+    )
     assert penalised.choices[0].text != plain.choices[0].text
 
 
@@ -121,8 +144,9 @@ def test_tokenize_and_detokenize_in_llama_cpp_shape(server2):
     assert [p["piece"] for p in pieces] == ["h", "i"]
     assert httpx.post(f"{server2.url}/detokenize", json={"tokens": ids}).json()["content"] == "hello"
     # vLLM's names, which lm-eval's remote tokenizer uses
-    assert httpx.post(f"{server2.url}/tokenize", json={"prompt": "hello", "add_special_tokens": False}).json() == \
-        {"tokens": ids}
+    assert httpx.post(f"{server2.url}/tokenize", json={"prompt": "hello", "add_special_tokens": False}).json() == {
+        "tokens": ids
+    }
     assert httpx.post(f"{server2.url}/detokenize", json={"tokens": ids}).json()["prompt"] == "hello"
     assert "eos_token" in httpx.get(f"{server2.url}/tokenizer_info").json()
     bad = httpx.post(f"{server2.url}/detokenize", json={"tokens": [10_000]})

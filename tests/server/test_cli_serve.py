@@ -27,11 +27,33 @@ def free_port() -> int:
 @pytest.fixture
 def cli_server(tiny_gguf_dir):
     port = free_port()
-    cmd = [sys.executable, "-m", "draftwise.cli", "serve", "--target", str(tiny_gguf_dir / "target.gguf"),
-           "--draft", str(tiny_gguf_dir / "twin.gguf"), "--policy", "fixed", "--k", "3", "--n-ctx", "256",
-           "--threads", "1", "--port", str(port), "--api-key", "secret", "--model-name", "tiny"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "draftwise.cli",
+        "serve",
+        "--target",
+        str(tiny_gguf_dir / "target.gguf"),
+        "--draft",
+        str(tiny_gguf_dir / "twin.gguf"),
+        "--policy",
+        "fixed",
+        "--k",
+        "3",
+        "--n-ctx",
+        "256",
+        "--threads",
+        "1",
+        "--port",
+        str(port),
+        "--api-key",
+        "secret",
+        "--model-name",
+        "tiny",
+    ]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:
@@ -57,8 +79,10 @@ def test_serve_answers_chat_with_speculation_and_reuses_both_caches(cli_server):
     assert [m.id for m in c.models.list()] == ["tiny"]
     history = [{"role": "user", "content": "def add(a, b):"}]
     first = c.chat.completions.create(model="tiny", messages=history, max_tokens=16, temperature=0)
-    history += [{"role": "assistant", "content": first.choices[0].message.content},
-                {"role": "user", "content": "again"}]
+    history += [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "again"},
+    ]
     second = c.chat.completions.create(model="tiny", messages=history, max_tokens=16, temperature=0)
     spec = second.usage.model_extra["speculative"]
     assert spec["num_drafted"] > 0 and spec["accepted_per_position"]

@@ -23,8 +23,9 @@ APP = create_app(ENGINE, MODEL)
 # NOTE: the schema comes from the app object itself; the requests go to it over real HTTP
 # (schemathesis' pytest fixture loader breaks on pytest 9).
 schema = schemathesis.openapi.from_dict(APP.openapi())
-schema.config.generation.update(modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE],
-                                max_examples=MAX_EXAMPLES, deterministic=True)
+schema.config.generation.update(
+    modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE], max_examples=MAX_EXAMPLES, deterministic=True
+)
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +35,7 @@ def small_server():
 
 
 @schema.parametrize()
-@settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=True,
-          suppress_health_check=list(HealthCheck))
+@settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 def test_no_route_answers_with_a_server_error(case, small_server):
     if isinstance(case.body, dict) and isinstance(case.body.get("model"), str):
         case.body["model"] = MODEL  # a random name stops at the 404 check; go deeper
@@ -43,6 +43,9 @@ def test_no_route_answers_with_a_server_error(case, small_server):
 
 
 def test_the_server_still_serves_after_the_fuzz(small_server):
-    r = httpx.post(f"{small_server.url}/v1/completions", timeout=30,
-                   json={"model": "toy-40", "prompt": "ok", "max_tokens": 3, "temperature": 0})
+    r = httpx.post(
+        f"{small_server.url}/v1/completions",
+        timeout=30,
+        json={"model": "toy-40", "prompt": "ok", "max_tokens": 3, "temperature": 0},
+    )
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3

@@ -29,14 +29,22 @@ SECRET = "zebra-quartz-77"  # request content that must never reach the logs
 
 def post(url, path, body, **kwargs):
     # json.dumps escapes a lone surrogate as \\udfff (valid JSON); httpx's json= cannot encode it.
-    return httpx.post(f"{url}{path}", content=json.dumps(body).encode(), timeout=30,
-                      headers={"content-type": "application/json"}, **kwargs)
+    return httpx.post(
+        f"{url}{path}",
+        content=json.dumps(body).encode(),
+        timeout=30,
+        headers={"content-type": "application/json"},
+        **kwargs,
+    )
 
 
-@pytest.mark.parametrize("path, body", [
-    ("/v1/completions", {"model": MODEL, "prompt": "x\udfff"}),
-    ("/v1/chat/completions", {"model": MODEL, "messages": chat("abc \ud800 def")}),
-])
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/v1/completions", {"model": MODEL, "prompt": "x\udfff"}),
+        ("/v1/chat/completions", {"model": MODEL, "messages": chat("abc \ud800 def")}),
+    ],
+)
 def test_a_lone_surrogate_is_a_400_naming_it(server, path, body):
     r = post(server.url, path, body)
     assert r.status_code == 400, r.text
@@ -58,8 +66,12 @@ def test_context_overflow_and_schema_errors_are_400_as_clients_expect(server):
 def test_smaller_messages_name_the_rule(server):
     r = post(server.url, "/v1/completions", {"model": MODEL, "prompt": "hi", "stop": ["a"] * 17})
     assert r.status_code == 400 and "at most 16" in r.json()["error"]["message"]
-    r = httpx.post(f"{server.url}/v1/completions", content=b'{"model": "toy-40", "prompt": "hi"}',
-                   headers={"content-type": "text/plain"}, timeout=30)
+    r = httpx.post(
+        f"{server.url}/v1/completions",
+        content=b'{"model": "toy-40", "prompt": "hi"}',
+        headers={"content-type": "text/plain"},
+        timeout=30,
+    )
     assert r.status_code == 400 and "JSON object" in r.json()["error"]["message"]
     r = post(server.url, "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": None}]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages.0.content"
@@ -74,8 +86,9 @@ def test_a_chunked_body_over_the_cap_is_refused(server):
             yield piece
         yield b'"}'
 
-    r = httpx.post(f"{server.url}/v1/completions", content=chunks(), headers={"content-type": "application/json"},
-                   timeout=60)
+    r = httpx.post(
+        f"{server.url}/v1/completions", content=chunks(), headers={"content-type": "application/json"}, timeout=60
+    )
     assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
     assert client(server.url).completions.create(model=MODEL, prompt="ok", max_tokens=3).usage.completion_tokens == 3
 
@@ -133,7 +146,7 @@ class Exploding:
     def __getattr__(self, name):
         return getattr(self._engine, name)
 
-    def encode_prompt(self, prompt=None, messages=None):
+    def encode_prompt(self, prompt=None, messages=None, tools=None):
         raise RuntimeError(f"tokenizer exploded on {prompt or messages!r}")
 
 
@@ -146,8 +159,11 @@ def test_logs_never_quote_a_request_unless_asked(caplog, log_content):
         assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
         assert SECRET not in r.text
         post(live.url, "/v1/chat/completions", {"model": MODEL, "messages": chat(f"{SECRET} \udfff")})
-    logged = "\n".join(rec.getMessage() + (str(rec.exc_info[1]) if rec.exc_info else "") for rec in caplog.records
-                       if rec.levelno >= logging.INFO)
+    logged = "\n".join(
+        rec.getMessage() + (str(rec.exc_info[1]) if rec.exc_info else "")
+        for rec in caplog.records
+        if rec.levelno >= logging.INFO
+    )
     assert "RuntimeError" in logged  # the failure itself is logged ...
     assert (SECRET in logged) == log_content  # ... its content only on request
 
@@ -155,21 +171,29 @@ def test_logs_never_quote_a_request_unless_asked(caplog, log_content):
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 @given(text=st.text(alphabet=st.characters(codec=None, exclude_categories=()), max_size=300))
 def test_no_unicode_input_gets_a_server_error(server, text):
-    for path, body in (("/v1/completions", {"model": MODEL, "prompt": text or "x", "max_tokens": 2}),
-                       ("/v1/chat/completions", {"model": MODEL, "messages": chat(text), "max_tokens": 2,
-                                                 "stop": [text] if text else None})):
+    for path, body in (
+        ("/v1/completions", {"model": MODEL, "prompt": text or "x", "max_tokens": 2}),
+        (
+            "/v1/chat/completions",
+            {"model": MODEL, "messages": chat(text), "max_tokens": 2, "stop": [text] if text else None},
+        ),
+    ):
         r = post(server.url, path, body)
         assert r.status_code < 500, r.text
 
 
 # ---------------------------------------------------------------------- bodies the parser refuses
-@pytest.mark.parametrize("body, code, words", [
-    (b'{"model": "toy-40", "prompt": "caf\xe9"}', "invalid_encoding", "UTF-8"),
-    (b"[" * 100_000 + b"]" * 100_000, "json_too_deep", "too deeply"),
-])
+@pytest.mark.parametrize(
+    "body, code, words",
+    [
+        (b'{"model": "toy-40", "prompt": "caf\xe9"}', "invalid_encoding", "UTF-8"),
+        (b"[" * 100_000 + b"]" * 100_000, "json_too_deep", "too deeply"),
+    ],
+)
 def test_unreadable_bodies_are_specific_400s(server, body, code, words):
-    r = httpx.post(f"{server.url}/v1/completions", content=body, headers={"content-type": "application/json"},
-                   timeout=30)
+    r = httpx.post(
+        f"{server.url}/v1/completions", content=body, headers={"content-type": "application/json"}, timeout=30
+    )
     assert r.status_code == 400, r.text
     assert r.json()["error"]["code"] == code and words in r.json()["error"]["message"]
 
@@ -182,8 +206,9 @@ def impatient(request):
     if request.param == "httptools":
         pytest.importorskip("httptools")
     engine = make_engine(step_delay_s=0.05, draft_model=False)
-    with LiveServer(engine, app=create_app(engine, MODEL, body_timeout_s=0.5), header_timeout_s=0.5,
-                    http=request.param) as live:
+    with LiveServer(
+        engine, app=create_app(engine, MODEL, body_timeout_s=0.5), header_timeout_s=0.5, http=request.param
+    ) as live:
         yield live
 
 
@@ -204,8 +229,10 @@ def raw_exchange(url: str, data: bytes, timeout_s: float = 5.0) -> tuple[bytes, 
 
 
 def test_a_negative_content_length_is_a_json_400(impatient):
-    reply, _ = raw_exchange(impatient.url, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n"
-                                           b"Content-Type: application/json\r\n\r\n{}")
+    reply, _ = raw_exchange(
+        impatient.url,
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\nContent-Type: application/json\r\n\r\n{}",
+    )
     head, _, body = reply.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400") and b"application/json" in head.lower()
     error = json.loads(body)["error"]
@@ -221,9 +248,12 @@ def test_half_sent_headers_do_not_hold_a_connection(impatient):
 
 
 def test_a_trickled_body_gets_a_408(impatient):
-    reply, closed_after = raw_exchange(impatient.url, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
-                                                      b"Content-Type: application/json\r\nContent-Length: 100\r\n"
-                                                      b"\r\n{\"model\": ")
+    reply, closed_after = raw_exchange(
+        impatient.url,
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+        b"Content-Type: application/json\r\nContent-Length: 100\r\n"
+        b'\r\n{"model": ',
+    )
     head, _, body = reply.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 408") and closed_after < 3
     assert json.loads(body)["error"]["code"] == "request_timeout"
@@ -233,13 +263,23 @@ def test_the_deadlines_leave_long_answers_and_kept_alive_connections_alone(impat
     with httpx.Client(base_url=impatient.url, timeout=30) as http:
         for _ in range(2):  # one connection: the second request comes after the first answer
             t0 = time.monotonic()
-            r = http.post("/v1/completions", json={"model": MODEL, "prompt": "ab", "max_tokens": 20,
-                                                   "ignore_eos": True})
+            r = http.post(
+                "/v1/completions", json={"model": MODEL, "prompt": "ab", "max_tokens": 20, "ignore_eos": True}
+            )
             assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 20
             assert time.monotonic() - t0 > 0.5  # longer than either deadline
-        with http.stream("POST", "/v1/completions", json={
-                "model": MODEL, "prompt": "ab", "max_tokens": 20, "ignore_eos": True, "stream": True,
-                "stream_options": {"include_usage": True}}) as stream:
+        with http.stream(
+            "POST",
+            "/v1/completions",
+            json={
+                "model": MODEL,
+                "prompt": "ab",
+                "max_tokens": 20,
+                "ignore_eos": True,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            },
+        ) as stream:
             events = [line for line in stream.iter_lines() if line]
     assert events[-1] == "data: [DONE]" and json.loads(events[-2][6:])["usage"]["completion_tokens"] == 20
 
@@ -247,16 +287,32 @@ def test_the_deadlines_leave_long_answers_and_kept_alive_connections_alone(impat
 # ---------------------------------------------------------------------- the event loop stays free
 def test_a_huge_prediction_never_holds_the_event_loop(start_server):
     live = start_server(make_engine(step_delay_s=0.02, draft_model=False))
-    with httpx.Client(base_url=live.url, timeout=60) as http, http.stream(
-            "POST", "/v1/completions", json={"model": MODEL, "prompt": "ab", "max_tokens": 2000, "ignore_eos": True,
-                                             "stream": True}) as running:
+    with (
+        httpx.Client(base_url=live.url, timeout=60) as http,
+        http.stream(
+            "POST",
+            "/v1/completions",
+            json={"model": MODEL, "prompt": "ab", "max_tokens": 2000, "ignore_eos": True, "stream": True},
+        ) as running,
+    ):
         lines = running.iter_lines()
         next(lines)  # another client's stream is running
-        body = json.dumps({"model": MODEL, "prompt": "ab", "max_tokens": 2, "prediction": {
-            "type": "content", "content": "abcdefgh" * (12 * 1024 * 1024 // 8)}}).encode()  # 12 MB
+        body = json.dumps(
+            {
+                "model": MODEL,
+                "prompt": "ab",
+                "max_tokens": 2,
+                "prediction": {"type": "content", "content": "abcdefgh" * (12 * 1024 * 1024 // 8)},
+            }
+        ).encode()  # 12 MB
         answers = []
-        sent = threading.Thread(target=lambda: answers.append(httpx.post(
-            f"{live.url}/v1/completions", content=body, headers={"content-type": "application/json"}, timeout=60)))
+        sent = threading.Thread(
+            target=lambda: answers.append(
+                httpx.post(
+                    f"{live.url}/v1/completions", content=body, headers={"content-type": "application/json"}, timeout=60
+                )
+            )
+        )
         sent.start()
         slowest, queued, deadline = 0.0, False, time.monotonic() + 30
         while not queued and time.monotonic() < deadline:  # until it waits for the slot: read, parsed, tokenised

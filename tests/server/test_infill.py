@@ -75,8 +75,14 @@ def test_warmup_fills_the_cache_for_the_next_request(fim_server, name):
         assert warm["content"] == "" and warm["tokens_predicted"] == 0
     # the next request shares the extra context: everything before the file's own text is reused
     answer = infill(fim_server, {**BODIES["llama_vim"], "input_extra": BODIES[name]["input_extra"]})
-    header = len(fim_prompt(fim_server.engine.tokenizer, "", "", extra=[("stats.py", BODIES[name]["input_extra"][0]
-                                                                         ["text"])]).ids) - 3
+    header = (
+        len(
+            fim_prompt(
+                fim_server.engine.tokenizer, "", "", extra=[("stats.py", BODIES[name]["input_extra"][0]["text"])]
+            ).ids
+        )
+        - 3
+    )
     assert answer["timings"]["cache_n"] >= header
 
 
@@ -89,15 +95,14 @@ def test_stream_is_llamacpp_events_and_equals_the_whole_answer(fim_server):
         for line in r.iter_lines():
             if line:
                 assert line.startswith("data: ") and line != "data: [DONE]"
-                events.append(json.loads(line[len("data: "):]))
+                events.append(json.loads(line[len("data: ") :]))
     assert all(e["stop"] is False for e in events[:-1]) and events[-1]["stop"] is True
     assert events[-1]["content"] == "" and "timings" in events[-1]
     assert "".join(e["content"] for e in events) == whole["content"]
 
 
 def test_greedy_infill_equal_with_speculation_on_and_off(fim_server):
-    body = {**BODIES["llama_vim"], **GREEDY, "n_indent": 0, "t_max_predict_ms": 0, "n_predict": 48,
-            "ignore_eos": True}
+    body = {**BODIES["llama_vim"], **GREEDY, "n_indent": 0, "t_max_predict_ms": 0, "n_predict": 48, "ignore_eos": True}
     plain = infill(fim_server, {**body, "speculation": {"enabled": False}})
     spec = infill(fim_server, {**body, "speculation": {"policy": "fixed", "max_draft_tokens": 4}})
     assert spec["content"] == plain["content"] and spec["tokens_predicted"] == plain["tokens_predicted"] == 48
@@ -106,8 +111,13 @@ def test_greedy_infill_equal_with_speculation_on_and_off(fim_server):
 
 def test_completions_suffix_through_openai_client(fim_server, fim_engine):
     client = openai.OpenAI(base_url=f"{fim_server.url}/v1", api_key="unused", max_retries=0, timeout=60)
-    kwargs = {"model": MODEL, "prompt": "def add(a, b):\n    return ", "suffix": "\n\nprint(add(1, 2))\n",
-              "max_tokens": 16, "temperature": 0}
+    kwargs = {
+        "model": MODEL,
+        "prompt": "def add(a, b):\n    return ",
+        "suffix": "\n\nprint(add(1, 2))\n",
+        "max_tokens": 16,
+        "temperature": 0,
+    }
     whole = client.completions.create(**kwargs)
     streamed = "".join(c.choices[0].text for c in client.completions.create(**kwargs, stream=True) if c.choices)
     ids = fim_prompt(fim_engine.tokenizer, kwargs["prompt"], kwargs["suffix"], repo_level=False).ids
@@ -128,8 +138,11 @@ def test_unsupported_and_bad_fields_are_400(fim_server):
 def test_model_without_fim_tokens_gets_400(server):
     r = httpx.post(f"{server.url}/infill", json=BODIES["llama_vim"], timeout=30)
     assert r.status_code == 400 and r.json()["error"]["code"] == "fim_unsupported"
-    r = httpx.post(f"{server.url}/v1/completions", timeout=30,
-                   json={"model": MODEL, "prompt": "ab", "suffix": "cd", "max_tokens": 2})
+    r = httpx.post(
+        f"{server.url}/v1/completions",
+        timeout=30,
+        json={"model": MODEL, "prompt": "ab", "suffix": "cd", "max_tokens": 2},
+    )
     assert r.status_code == 400 and r.json()["error"]["param"] == "suffix"
 
 
@@ -148,8 +161,14 @@ def slow_fim_engine(step_delay_s: float) -> Engine:
 
 def test_a_newer_request_from_the_same_client_supersedes_the_running_one(start_server):
     live = start_server(slow_fim_engine(0.02))
-    body = {"input_prefix": "def f(x):\n", "input_suffix": "\n", "prompt": "    ret", "n_predict": 2000,
-            "ignore_eos": True, **GREEDY}
+    body = {
+        "input_prefix": "def f(x):\n",
+        "input_suffix": "\n",
+        "prompt": "    ret",
+        "n_predict": 2000,
+        "ignore_eos": True,
+        **GREEDY,
+    }
     first: dict = {}
     thread = threading.Thread(target=lambda: first.update(infill(live, body)))
     thread.start()
@@ -172,8 +191,12 @@ def test_another_client_does_not_supersede(fim_engine):
     with LiveServer(fim_engine, app=create_app(fim_engine, MODEL, api_keys=("key-a", "key-b"))) as live:
         body = {**BODIES["llama_vim"], **GREEDY, "n_predict": 64, "ignore_eos": True, "n_indent": 0}
         results: list[dict] = []
-        threads = [threading.Thread(target=lambda k=k: results.append(
-            infill(live, body, headers={"Authorization": f"Bearer {k}"}))) for k in ("key-a", "key-b")]
+        threads = [
+            threading.Thread(
+                target=lambda k=k: results.append(infill(live, body, headers={"Authorization": f"Bearer {k}"}))
+            )
+            for k in ("key-a", "key-b")
+        ]
         for t in threads:
             t.start()
         for t in threads:

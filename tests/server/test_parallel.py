@@ -21,8 +21,9 @@ def body(prompt: str, max_tokens: int = 24, **extra) -> dict:
 
 async def stream_text(client: httpx.AsyncClient, url: str, payload: dict) -> tuple[str, dict]:
     text, usage = "", {}
-    async with client.stream("POST", f"{url}/v1/completions",
-                             json={**payload, "stream": True, "stream_options": {"include_usage": True}}) as r:
+    async with client.stream(
+        "POST", f"{url}/v1/completions", json={**payload, "stream": True, "stream_options": {"include_usage": True}}
+    ) as r:
         assert r.status_code == 200, await r.aread()
         async for line in r.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -39,6 +40,7 @@ def test_concurrent_streams_are_batched_and_exact():
     engine = make_engine(slots=4, step_delay_s=0.002)
     prompts = [f"request number {i} " * (i + 1) for i in range(6)]
     with LiveServer(engine) as live:
+
         async def scenario():
             async with httpx.AsyncClient(timeout=60) as client:
                 return await asyncio.gather(*(stream_text(client, live.url, body(p)) for p in prompts))
@@ -61,8 +63,10 @@ def test_a_full_queue_answers_503_and_loses_no_accepted_request():
     engine = make_engine(slots=2, step_delay_s=0.003)
     app = create_app(engine, MODEL, max_queue=1)
     with LiveServer(engine, app=app) as live:
+
         async def scenario():
             async with httpx.AsyncClient(timeout=60) as client:
+
                 async def one(i: int):
                     await asyncio.sleep(0.05 * i)  # arrival order: two run, one waits, the rest are refused
                     return await client.post(f"{live.url}/v1/completions", json=body(f"prompt {i}", 60))
@@ -118,8 +122,9 @@ def test_free_slots_admit_before_the_queue_bound_applies():
                 while not serving.running:
                     assert time.monotonic() < deadline, "the first request never started"
                     await asyncio.sleep(0.01)
-                rest = await asyncio.gather(*(client.post(f"{live.url}/v1/completions", json=body(f"p {i}", 4))
-                                              for i in range(11)))
+                rest = await asyncio.gather(
+                    *(client.post(f"{live.url}/v1/completions", json=body(f"p {i}", 4)) for i in range(11))
+                )
                 return [await first, *rest]
 
         replies = asyncio.run(scenario())

@@ -41,10 +41,14 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def replica_config(tiny_gguf_dir) -> ReplicaConfig:
-    return ReplicaConfig(target=str(tiny_gguf_dir / "target.gguf"), draft=str(tiny_gguf_dir / "twin.gguf"),
-                         options=LoadOptions(n_ctx=N_CTX, threads=1, slots=2),
-                         speculation=SpeculationConfig(policy="fixed", max_draft_tokens=3), model_name=MODEL,
-                         api_keys=(API_KEY,))
+    return ReplicaConfig(
+        target=str(tiny_gguf_dir / "target.gguf"),
+        draft=str(tiny_gguf_dir / "twin.gguf"),
+        options=LoadOptions(n_ctx=N_CTX, threads=1, slots=2),
+        speculation=SpeculationConfig(policy="fixed", max_draft_tokens=3),
+        model_name=MODEL,
+        api_keys=(API_KEY,),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +85,13 @@ def client(url: str) -> openai.OpenAI:
 def stream_chat(url: str, prompt: str, max_tokens: int = 48) -> tuple[str, str | None, str, dict]:
     """(text, finish_reason, replica id or '', usage.speculative) of one streamed greedy chat."""
     raw = client(url).chat.completions.with_raw_response.create(
-        model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=0,
-        stream=True, stream_options={"include_usage": True})
+        model=MODEL,
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     text, finish, speculative = "", None, {}
     for chunk in raw.parse():
         if chunk.choices:
@@ -100,26 +109,34 @@ def metric(text: str, name: str) -> float:
 
 # ---------------------------------------------------------------------- without a cluster (no Ray needed)
 def test_without_ray_the_flag_names_the_extra(tmp_path):
-    code = ("import sys; sys.modules['ray'] = None; from draftwise.cli import main; "
-            f"main(['serve', '--ray', '--target', {str(tmp_path / 'absent.gguf')!r}])")
+    code = (
+        "import sys; sys.modules['ray'] = None; from draftwise.cli import main; "
+        f"main(['serve', '--ray', '--target', {str(tmp_path / 'absent.gguf')!r}])"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and 'pip install "draftwise[ray]"' in done.stderr, done.stderr
 
 
 def test_nothing_else_imports_ray():
     src = Path(__file__).parents[2] / "src" / "draftwise"
-    importers = [p.relative_to(src).as_posix() for p in src.rglob("*.py")
-                 if re.search(r"^\s*(import ray|from ray)\b", p.read_text(), re.MULTILINE)]
+    importers = [
+        p.relative_to(src).as_posix()
+        for p in src.rglob("*.py")
+        if re.search(r"^\s*(import ray|from ray)\b", p.read_text(), re.MULTILINE)
+    ]
     assert importers == ["server/ray_serve.py"]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--replicas", "2"], "need --ray"),
-    (["--ray", "--replicas", "2", "--autoscale", "1:2"], "not both"),
-    (["--ray", "--autoscale", "4"], "MIN:MAX"),
-    (["--ray", "--autoscale", "3:1"], "0 <= MIN <= MAX"),
-    (["--ray", "--max-queue", "0"], "--max-queue"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--replicas", "2"], "need --ray"),
+        (["--ray", "--replicas", "2", "--autoscale", "1:2"], "not both"),
+        (["--ray", "--autoscale", "4"], "MIN:MAX"),
+        (["--ray", "--autoscale", "3:1"], "0 <= MIN <= MAX"),
+        (["--ray", "--max-queue", "0"], "--max-queue"),
+    ],
+)
 def test_bad_ray_options_are_refused_before_any_cluster_starts(args, message):
     result = CliRunner().invoke(main, ["serve", *args])
     assert result.exit_code == 2 and message in result.output, result.output
@@ -168,8 +185,11 @@ BAD_REQUESTS = [
 @pytest.mark.parametrize("case", BAD_REQUESTS, ids=[c[0] for c in BAD_REQUESTS])
 def test_bad_input_gets_the_same_error_json_as_the_single_server(ray_url, single_url, case):
     _, path, body = case
-    kwargs = {"content": body, "headers": {"content-type": "application/json"}} if isinstance(body, bytes) \
+    kwargs = (
+        {"content": body, "headers": {"content-type": "application/json"}}
+        if isinstance(body, bytes)
         else {"json": body}
+    )
     auth = {"authorization": f"Bearer {API_KEY}"}
     answers = []
     for url in (ray_url, single_url):
@@ -190,8 +210,13 @@ def test_api_key_is_enforced_through_ray(ray_url, single_url):
 def _long_stream(url: str):
     """(replica id, chunk stream) of a completion that would fill the context window."""
     raw = client(url).completions.with_raw_response.create(
-        model=MODEL, prompt="a long story", max_tokens=N_CTX - 64, temperature=0, stream=True,
-        extra_body={"ignore_eos": True})
+        model=MODEL,
+        prompt="a long story",
+        max_tokens=N_CTX - 64,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
     return raw.headers[REPLICA_HEADER], raw.parse()
 
 
@@ -242,8 +267,11 @@ def test_killed_replica_fails_its_stream_loudly_and_later_requests_succeed(ray_u
 def _kill_replica(unique_id: str) -> None:
     import ray
 
-    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-             if a["name"].startswith("SERVE_REPLICA::") and a["name"].endswith(f"#{unique_id}")]
+    names = [
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["name"].startswith("SERVE_REPLICA::") and a["name"].endswith(f"#{unique_id}")
+    ]
     assert len(names) == 1, names
     ray.kill(ray.get_actor(names[0], namespace="serve"), no_restart=True)
 

@@ -41,8 +41,9 @@ def metric(url: str, name: str) -> float:
 
 # ---------------------------------------------------------------------- happy paths
 def test_chat_non_streaming_matches_the_engine_and_reports_usage(server):
-    resp = client(server.url).chat.completions.create(model=MODEL, messages=chat("hello there"),
-                                                     max_completion_tokens=24, **GREEDY)
+    resp = client(server.url).chat.completions.create(
+        model=MODEL, messages=chat("hello there"), max_completion_tokens=24, **GREEDY
+    )
     assert resp.choices[0].message.content == reference(messages=chat("hello there"), max_tokens=24)
     assert resp.choices[0].finish_reason == "length"
     usage = resp.usage
@@ -56,8 +57,14 @@ def test_chat_non_streaming_matches_the_engine_and_reports_usage(server):
 
 
 def test_completion_streaming_with_usage(server):
-    stream = client(server.url).completions.create(model=MODEL, prompt="the quick brown fox", max_tokens=30,
-                                                  stream=True, stream_options={"include_usage": True}, **GREEDY)
+    stream = client(server.url).completions.create(
+        model=MODEL,
+        prompt="the quick brown fox",
+        max_tokens=30,
+        stream=True,
+        stream_options={"include_usage": True},
+        **GREEDY,
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].text for c in chunks if c.choices)
     assert text == reference("the quick brown fox", max_tokens=30)
@@ -68,17 +75,23 @@ def test_completion_streaming_with_usage(server):
 
 
 def test_chat_streaming_starts_with_the_role_and_ends_with_done(server):
-    with httpx.stream("POST", f"{server.url}/v1/chat/completions", timeout=30, json={
-            "model": MODEL, "messages": chat("stream me"), "max_tokens": 20, "stream": True, "temperature": 0}) as r:
+    with httpx.stream(
+        "POST",
+        f"{server.url}/v1/chat/completions",
+        timeout=30,
+        json={"model": MODEL, "messages": chat("stream me"), "max_tokens": 20, "stream": True, "temperature": 0},
+    ) as r:
         lines = [line for line in r.iter_lines() if line]
     assert r.headers["content-type"].startswith("text/event-stream")
     assert lines[-1] == "data: [DONE]"
-    stream = client(server.url).chat.completions.create(model=MODEL, messages=chat("stream me"), max_tokens=20,
-                                                        stream=True, **GREEDY)
+    stream = client(server.url).chat.completions.create(
+        model=MODEL, messages=chat("stream me"), max_tokens=20, stream=True, **GREEDY
+    )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
-    assert "".join(c.choices[0].delta.content or "" for c in chunks) == reference(messages=chat("stream me"),
-                                                                                 max_tokens=20)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == reference(
+        messages=chat("stream me"), max_tokens=20
+    )
     assert chunks[-1].choices[0].finish_reason == "length" and chunks[-1].usage is None
 
 
@@ -90,8 +103,9 @@ def test_seeded_sampling_with_extensions_is_reproducible(server):
     again = c.completions.create(model=MODEL, prompt="sample", max_tokens=40, extra_body=extra, **params)
     expected = reference("sample", max_tokens=40, top_k=8, min_p=0.01, **params)
     assert first.choices[0].text == again.choices[0].text == expected
-    other_seed = c.completions.create(model=MODEL, prompt="sample", max_tokens=40, extra_body=extra,
-                                      **{**params, "seed": 99})
+    other_seed = c.completions.create(
+        model=MODEL, prompt="sample", max_tokens=40, extra_body=extra, **{**params, "seed": 99}
+    )
     assert other_seed.choices[0].text != expected
 
 
@@ -100,8 +114,9 @@ def test_stop_strings_cut_the_output(server, stream):
     full = reference(messages=chat("stop test"), max_tokens=60)
     stop = full[10:12]
     expected = full[: full.find(stop)]
-    resp = client(server.url).chat.completions.create(model=MODEL, messages=chat("stop test"), max_tokens=60,
-                                                      stop=[stop, "never-appears"], stream=stream, **GREEDY)
+    resp = client(server.url).chat.completions.create(
+        model=MODEL, messages=chat("stop test"), max_tokens=60, stop=[stop, "never-appears"], stream=stream, **GREEDY
+    )
     if stream:
         chunks = list(resp)
         text = "".join(c.choices[0].delta.content or "" for c in chunks)
@@ -125,8 +140,10 @@ def test_multi_turn_chat_reuses_the_prefix_for_target_and_draft(start_server):
     c = client(live.url)
     history = chat("write a poem about caches")
     first = c.chat.completions.create(model=MODEL, messages=history, max_tokens=30, **GREEDY)
-    history += [{"role": "assistant", "content": first.choices[0].message.content},
-                {"role": "user", "content": "shorter please"}]
+    history += [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "shorter please"},
+    ]
     second = c.chat.completions.create(model=MODEL, messages=history, max_tokens=30, **GREEDY)
     assert first.usage.prompt_tokens_details.cached_tokens == 0
     spec = second.usage.model_extra["speculative"]
@@ -145,31 +162,76 @@ BAD_REQUESTS = [
     ("missing model", "/v1/completions", {"prompt": "hi"}, 400, "model"),
     ("wrong type", "/v1/chat/completions", {"model": MODEL, "messages": "hi"}, 400, "messages"),
     ("string number", "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": "5"}, 400, "max_tokens"),
-    ("bad role", "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "robot", "content": "x"}]}, 400,
-     "messages.0.role"),
-    ("temperature out of range", "/v1/completions", {"model": MODEL, "prompt": "hi", "temperature": 3}, 400,
-     "temperature"),
+    (
+        "bad role",
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": [{"role": "robot", "content": "x"}]},
+        400,
+        "messages.0.role",
+    ),
+    (
+        "temperature out of range",
+        "/v1/completions",
+        {"model": MODEL, "prompt": "hi", "temperature": 3},
+        400,
+        "temperature",
+    ),
     ("top_p zero", "/v1/completions", {"model": MODEL, "prompt": "hi", "top_p": 0}, 400, "top_p"),
-    ("max_tokens zero", "/v1/chat/completions", {"model": MODEL, "messages": chat("x"), "max_tokens": 0}, 400,
-     "max_tokens"),
+    (
+        "max_tokens zero",
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": chat("x"), "max_tokens": 0},
+        400,
+        "max_tokens",
+    ),
     ("empty stop", "/v1/completions", {"model": MODEL, "prompt": "hi", "stop": [""]}, 400, "stop.0"),
     ("n = 0", "/v1/chat/completions", {"model": MODEL, "messages": chat("x"), "n": 0}, 400, "n"),
-    ("top_logprobs 21", "/v1/chat/completions", {"model": MODEL, "messages": chat("x"), "logprobs": True,
-                                                 "top_logprobs": 21}, 400, "top_logprobs"),
-    ("top_logprobs alone", "/v1/chat/completions", {"model": MODEL, "messages": chat("x"), "top_logprobs": 2}, 400,
-     "top_logprobs"),
+    (
+        "top_logprobs 21",
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": chat("x"), "logprobs": True, "top_logprobs": 21},
+        400,
+        "top_logprobs",
+    ),
+    (
+        "top_logprobs alone",
+        "/v1/chat/completions",
+        {"model": MODEL, "messages": chat("x"), "top_logprobs": 2},
+        400,
+        "top_logprobs",
+    ),
     ("completions logprobs 6", "/v1/completions", {"model": MODEL, "prompt": "a", "logprobs": 6}, 400, "logprobs"),
-    ("presence_penalty 3", "/v1/completions", {"model": MODEL, "prompt": "a", "presence_penalty": 3}, 400,
-     "presence_penalty"),
-    ("logit_bias 101", "/v1/completions", {"model": MODEL, "prompt": "a", "logit_bias": {"3": 101}}, 400,
-     "logit_bias.3"),
+    (
+        "presence_penalty 3",
+        "/v1/completions",
+        {"model": MODEL, "prompt": "a", "presence_penalty": 3},
+        400,
+        "presence_penalty",
+    ),
+    (
+        "logit_bias 101",
+        "/v1/completions",
+        {"model": MODEL, "prompt": "a", "logit_bias": {"3": 101}},
+        400,
+        "logit_bias.3",
+    ),
     ("logit_bias key", "/v1/completions", {"model": MODEL, "prompt": "a", "logit_bias": {"x": 1}}, 400, "logit_bias"),
     ("logit_bias id", "/v1/completions", {"model": MODEL, "prompt": "a", "logit_bias": {"400": 1}}, 400, None),
-    ("repeat_penalty 0", "/v1/completions", {"model": MODEL, "prompt": "a", "repeat_penalty": 0}, 400,
-     "repeat_penalty"),
+    (
+        "repeat_penalty 0",
+        "/v1/completions",
+        {"model": MODEL, "prompt": "a", "repeat_penalty": 0},
+        400,
+        "repeat_penalty",
+    ),
     ("token outside vocab", "/v1/completions", {"model": MODEL, "prompt": [1, 2, 400]}, 400, "prompt"),
-    ("unknown drafter", "/v1/completions", {"model": MODEL, "prompt": "hi", "speculation": {"drafters": ["x"]}},
-     400, None),
+    (
+        "unknown drafter",
+        "/v1/completions",
+        {"model": MODEL, "prompt": "hi", "speculation": {"drafters": ["x"]}},
+        400,
+        None,
+    ),
     ("unknown model", "/v1/chat/completions", {"model": "gpt-5", "messages": chat("x")}, 404, "model"),
     ("prompt too long", "/v1/completions", {"model": MODEL, "prompt": "a" * 5000}, 400, "prompt"),
     ("chat too long", "/v1/chat/completions", {"model": MODEL, "messages": chat("b" * 5000)}, 400, "messages"),
@@ -179,8 +241,11 @@ BAD_REQUESTS = [
 @pytest.mark.parametrize("case", BAD_REQUESTS, ids=[c[0] for c in BAD_REQUESTS])
 def test_bad_input_gets_an_openai_error(server, case):
     _, path, body, status, param = case
-    kwargs = {"content": body, "headers": {"content-type": "application/json"}} if isinstance(body, bytes) \
+    kwargs = (
+        {"content": body, "headers": {"content-type": "application/json"}}
+        if isinstance(body, bytes)
         else {"json": body}
+    )
     r = httpx.post(f"{server.url}{path}", timeout=30, **kwargs)
     assert r.status_code == status, r.text
     error = r.json()["error"]
@@ -229,9 +294,15 @@ def test_metrics_count_what_was_served(start_server):
     accepted = metric(live.url, "draftwise_accepted_tokens_total")
     assert drafted > 0 and metric(live.url, "draftwise_acceptance_rate") == pytest.approx(accepted / drafted)
     assert metric(live.url, "draftwise_tokens_per_step") > 1
-    for name in ('draftwise_accepted_per_position{position="0"}', 'draftwise_drafter_steps_total{drafter="draft"}',
-                 'draftwise_planned_k_steps_total{k="4"}', "draftwise_queue_length", "draftwise_tokens_per_second",
-                 "draftwise_request_duration_seconds_count", "draftwise_time_to_first_token_seconds_count"):
+    for name in (
+        'draftwise_accepted_per_position{position="0"}',
+        'draftwise_drafter_steps_total{drafter="draft"}',
+        'draftwise_planned_k_steps_total{k="4"}',
+        "draftwise_queue_length",
+        "draftwise_tokens_per_second",
+        "draftwise_request_duration_seconds_count",
+        "draftwise_time_to_first_token_seconds_count",
+    ):
         assert re.search(rf"^{re.escape(name)} ", text, re.MULTILINE), name
 
 
@@ -257,8 +328,14 @@ def test_disconnect_cancels_and_the_next_request_matches_a_fresh_server(start_se
     live = start_server(make_engine(step_delay_s=0.002))
     c = client(live.url)
     t0 = time.monotonic()
-    stream = c.completions.create(model=MODEL, prompt="a long story about", max_tokens=3000, stream=True,
-                                  extra_body={"ignore_eos": True}, **GREEDY)
+    stream = c.completions.create(
+        model=MODEL,
+        prompt="a long story about",
+        max_tokens=3000,
+        stream=True,
+        extra_body={"ignore_eos": True},
+        **GREEDY,
+    )
     for _, _chunk in zip(range(3), stream):
         pass
     stream.close()  # drops the connection mid-stream
@@ -267,8 +344,7 @@ def test_disconnect_cancels_and_the_next_request_matches_a_fresh_server(start_se
         assert time.monotonic() < deadline, "the generation was not cancelled"
         time.sleep(0.02)
     assert time.monotonic() - t0 < 5  # 3000 tokens at >= 2 ms each would take 6 s or more
-    assert any("cancelled after" in r.getMessage() and "client disconnected" in r.getMessage()
-               for r in caplog.records)
+    assert any("cancelled after" in r.getMessage() and "client disconnected" in r.getMessage() for r in caplog.records)
     assert metric(live.url, "draftwise_generated_tokens_total") < 3000
 
     follow_up = dict(model=MODEL, prompt="a long story about caches", max_tokens=40, temperature=0.8, seed=5)

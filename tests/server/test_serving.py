@@ -51,8 +51,11 @@ def test_jobs_run_in_arrival_order_and_a_queued_cancel_skips_the_engine():
 def test_a_non_streaming_client_that_gives_up_cancels_its_generation(start_server):
     live = start_server(make_engine(step_delay_s=0.002))
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{live.url}/v1/completions", timeout=0.3, json={
-            "model": MODEL, "prompt": "never read", "max_tokens": 3000, "ignore_eos": True, "temperature": 0})
+        httpx.post(
+            f"{live.url}/v1/completions",
+            timeout=0.3,
+            json={"model": MODEL, "prompt": "never read", "max_tokens": 3000, "ignore_eos": True, "temperature": 0},
+        )
     serving = live.app.state.serving
 
     assert wait_idle(serving), "the abandoned generation kept running"

@@ -22,22 +22,31 @@ from draftwise.types import SamplingParams, SpeculationConfig
 from tests.server.conftest import MODEL
 from tests.server.test_server import client
 
-SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
-                                           "n": {"type": "integer", "minimum": 0, "maximum": 999}},
-          "required": ["name", "n"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 8}, "n": {"type": "integer", "minimum": 0, "maximum": 999}},
+    "required": ["name", "n"],
+    "additionalProperties": False,
+}
 MESSAGES = [{"role": "user", "content": "a record please"}]
 
 
 def make_engine() -> Engine:
     target = ToyModel(vocab_size=90, sharpness=3)  # the whole toy alphabet: JSON punctuation included
     draft = ToyBackend(ToyModel(vocab_size=90, sharpness=2.5), name="toy-draft")
-    return Engine(ToyBackend(target), [ModelDrafter(draft, name="draft"), NgramDrafter(2, 4), GrammarDrafter()],
-                  speculation=SpeculationConfig(policy="fixed", max_draft_tokens=4))
+    return Engine(
+        ToyBackend(target),
+        [ModelDrafter(draft, name="draft"), NgramDrafter(2, 4), GrammarDrafter()],
+        speculation=SpeculationConfig(policy="fixed", max_draft_tokens=4),
+    )
 
 
 def reference(constraint: Constraint | None, max_tokens: int = 60) -> str:
-    return make_engine().generate(messages=MESSAGES, sampling=SamplingParams(max_tokens=max_tokens,
-                                                                            constraint=constraint)).text
+    return (
+        make_engine()
+        .generate(messages=MESSAGES, sampling=SamplingParams(max_tokens=max_tokens, constraint=constraint))
+        .text
+    )
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +63,8 @@ def json_schema_format(schema=SCHEMA) -> dict:
 
 def test_json_schema_non_streaming(structured_server):
     resp = client(structured_server.url).chat.completions.create(
-        model=MODEL, messages=MESSAGES, max_tokens=60, temperature=0, response_format=json_schema_format())
+        model=MODEL, messages=MESSAGES, max_tokens=60, temperature=0, response_format=json_schema_format()
+    )
     content = resp.choices[0].message.content
     jsonschema.validate(json.loads(content), SCHEMA)
     assert content == reference(Constraint.json_schema(SCHEMA))
@@ -64,34 +74,46 @@ def test_json_schema_non_streaming(structured_server):
 
 def test_json_schema_streaming_under_sampling(structured_server):
     stream = client(structured_server.url).chat.completions.create(
-        model=MODEL, messages=MESSAGES, max_tokens=60, temperature=1.0, seed=3, stream=True,
-        response_format=json_schema_format())
+        model=MODEL,
+        messages=MESSAGES,
+        max_tokens=60,
+        temperature=1.0,
+        seed=3,
+        stream=True,
+        response_format=json_schema_format(),
+    )
     content = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
     jsonschema.validate(json.loads(content), SCHEMA)
 
 
 def test_json_object_and_the_extensions(structured_server):
     c = client(structured_server.url)
-    resp = c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=40, temperature=0,
-                                     response_format={"type": "json_object"})
+    resp = c.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=40, temperature=0, response_format={"type": "json_object"}
+    )
     # The random toy model writes one endless key; the constrained reference writes the same.
     assert resp.choices[0].message.content == reference(Constraint.json_object(), max_tokens=40)
     assert resp.choices[0].message.content.startswith('{"')
-    resp = c.completions.create(model=MODEL, prompt="pick", max_tokens=20, temperature=0,
-                                extra_body={"regex": "(yes|no), [a-z]{3}"})
+    resp = c.completions.create(
+        model=MODEL, prompt="pick", max_tokens=20, temperature=0, extra_body={"regex": "(yes|no), [a-z]{3}"}
+    )
     assert re.fullmatch("(yes|no), [a-z]{3}", resp.choices[0].text)
-    resp = c.completions.create(model=MODEL, prompt="pick", max_tokens=20, temperature=0,
-                                extra_body={"grammar": 'root ::= "x" [0-9] [0-9]?'})  # GBNF
+    resp = c.completions.create(
+        model=MODEL, prompt="pick", max_tokens=20, temperature=0, extra_body={"grammar": 'root ::= "x" [0-9] [0-9]?'}
+    )  # GBNF
     assert re.fullmatch("x[0-9]{1,2}", resp.choices[0].text)
 
 
-@pytest.mark.parametrize("body, message", [
-    ({"response_format": json_schema_format({"type": 5})}, "type must be a string"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "needs json_schema.schema"),
-    ({"extra_body": {"regex": "[a-"}}, "unclosed character class"),
-    ({"extra_body": {"grammar": "start: missing"}}, "missing"),
-    ({"response_format": {"type": "json_object"}, "extra_body": {"regex": "a"}}, "give one of"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ({"response_format": json_schema_format({"type": 5})}, "type must be a string"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "needs json_schema.schema"),
+        ({"extra_body": {"regex": "[a-"}}, "unclosed character class"),
+        ({"extra_body": {"grammar": "start: missing"}}, "missing"),
+        ({"response_format": {"type": "json_object"}, "extra_body": {"regex": "a"}}, "give one of"),
+    ],
+)
 def test_bad_constraints_are_400_and_the_next_request_is_unconstrained(structured_server, body, message):
     c = client(structured_server.url)
     with pytest.raises(openai.BadRequestError, match=message):
@@ -102,8 +124,9 @@ def test_bad_constraints_are_400_and_the_next_request_is_unconstrained(structure
 
 def test_unknown_response_format_type_is_rejected(structured_server):
     with pytest.raises(openai.APIStatusError) as info:
-        client(structured_server.url).chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=5,
-                                                              response_format={"type": "yaml"})
+        client(structured_server.url).chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=5, response_format={"type": "yaml"}
+        )
     assert info.value.status_code in (400, 422) and "response_format" in str(info.value)
 
 
@@ -112,40 +135,59 @@ def test_prediction_through_the_openai_client(start_server):
     from draftwise.drafters.prediction import PredictionDrafter
 
     target = ToyModel(vocab_size=40, sharpness=3)
-    engine = Engine(ToyBackend(target), [PredictionDrafter(), NgramDrafter(2, 4)],
-                    speculation=SpeculationConfig(policy="fixed", max_draft_tokens=8))
+    engine = Engine(
+        ToyBackend(target),
+        [PredictionDrafter(), NgramDrafter(2, 4)],
+        speculation=SpeculationConfig(policy="fixed", max_draft_tokens=8),
+    )
     live = start_server(engine)
     c = client(live.url)
-    plain = c.completions.create(model=MODEL, prompt="the cat", max_tokens=40, temperature=0,
-                                 extra_body={"speculation": {"enabled": False}})
+    plain = c.completions.create(
+        model=MODEL, prompt="the cat", max_tokens=40, temperature=0, extra_body={"speculation": {"enabled": False}}
+    )
     expected = plain.choices[0].text
     assert plain.usage.completion_tokens_details is None  # no prediction, no details
     edited = expected[:15] + "zz" + expected[17:]
-    for prediction in ({"type": "content", "content": expected},
-                       {"type": "content", "content": [{"type": "text", "text": edited[:10]},
-                                                       {"type": "text", "text": edited[10:]}]}):
-        resp = c.completions.create(model=MODEL, prompt="the cat", max_tokens=40, temperature=0,
-                                    extra_body={"prediction": prediction, "speculation": {"drafters": ["prediction"]}})
+    for prediction in (
+        {"type": "content", "content": expected},
+        {"type": "content", "content": [{"type": "text", "text": edited[:10]}, {"type": "text", "text": edited[10:]}]},
+    ):
+        resp = c.completions.create(
+            model=MODEL,
+            prompt="the cat",
+            max_tokens=40,
+            temperature=0,
+            extra_body={"prediction": prediction, "speculation": {"drafters": ["prediction"]}},
+        )
         assert resp.choices[0].text == expected
         details = resp.usage.completion_tokens_details
         spec = resp.usage.model_extra["speculative"]
         assert details.accepted_prediction_tokens == spec["accepted_by_drafter"]["prediction"] > 0
-        assert (details.accepted_prediction_tokens + details.rejected_prediction_tokens
-                == spec["drafted_by_drafter"]["prediction"])
-    chat_resp = c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=20, temperature=0,
-                                          prediction={"type": "content", "content": "abc"})
+        assert (
+            details.accepted_prediction_tokens + details.rejected_prediction_tokens
+            == spec["drafted_by_drafter"]["prediction"]
+        )
+    chat_resp = c.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=20, temperature=0, prediction={"type": "content", "content": "abc"}
+    )
     assert chat_resp.usage.completion_tokens_details.rejected_prediction_tokens >= 0
 
 
-@pytest.mark.parametrize("prediction, message", [
-    ({"type": "text", "content": "x"}, "prediction.type"),
-    ({"type": "content"}, "prediction.content"),
-    ({"type": "content", "content": [{"type": "image_url"}]}, "must be text"),
-    ("just a string", "prediction"),
-])
+@pytest.mark.parametrize(
+    "prediction, message",
+    [
+        ({"type": "text", "content": "x"}, "prediction.type"),
+        ({"type": "content"}, "prediction.content"),
+        ({"type": "content", "content": [{"type": "image_url"}]}, "must be text"),
+        ("just a string", "prediction"),
+    ],
+)
 def test_a_malformed_prediction_is_a_400(structured_server, prediction, message):
-    r = httpx.post(f"{structured_server.url}/v1/chat/completions", timeout=30,
-                   json={"model": MODEL, "messages": MESSAGES, "max_tokens": 5, "prediction": prediction})
+    r = httpx.post(
+        f"{structured_server.url}/v1/chat/completions",
+        timeout=30,
+        json={"model": MODEL, "messages": MESSAGES, "max_tokens": 5, "prediction": prediction},
+    )
     assert r.status_code == 400 and message in r.text
 
 
@@ -166,12 +208,19 @@ def test_a_constraint_failing_mid_answer_is_a_400_naming_its_field(structured_se
     monkeypatch.setattr(Grammar, "consume", consume)
     c = client(structured_server.url)
     with pytest.raises(openai.BadRequestError, match="cannot be followed") as refused:
-        c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=40, temperature=0,
-                                  extra_body={"regex": "[a-z ]{0,60}"})
+        c.chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=40, temperature=0, extra_body={"regex": "[a-z ]{0,60}"}
+        )
     assert refused.value.body["param"] == "regex"
     calls["n"] = 0
-    stream = c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=40, temperature=0, stream=True,
-                                       response_format={"type": "json_object"})
+    stream = c.chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        max_tokens=40,
+        temperature=0,
+        stream=True,
+        response_format={"type": "json_object"},
+    )
     with pytest.raises(openai.APIError, match="cannot be followed"):
         for _ in stream:
             pass

@@ -24,22 +24,44 @@ from tests.server.test_server import client
 VOCAB = 90
 TEMPLATE = (
     "{% if tools %}tools:{% for t in tools %}{{ t.function.name }};{% endfor %}\n"
-    "call as <tool_call>\n{\"name\": ..., \"arguments\": ...}\n</tool_call>\n{% endif %}"
+    'call as <tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>\n{% endif %}'
     "{% for m in messages %}{{ m.role[0] }}:{{ m.content or '' }}"
-    "{% for c in m.tool_calls or [] %}<tool_call>\n{\"name\": \"{{ c.function.name }}\", \"arguments\": "
+    '{% for c in m.tool_calls or [] %}<tool_call>\n{"name": "{{ c.function.name }}", "arguments": '
     "{{ c.function.arguments | tojson }}}\n</tool_call>{% endfor %}\n{% endfor %}"
-    "{% if add_generation_prompt %}A>{% endif %}")
+    "{% if add_generation_prompt %}A>{% endif %}"
+)
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-SCRIPTS = {"call": "Let me look.\n" + CALL, "answer": "It is sunny in Paris.",
-           "two": CALL + '\n<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>'}
+SCRIPTS = {
+    "call": "Let me look.\n" + CALL,
+    "answer": "It is sunny in Paris.",
+    "two": CALL + '\n<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>',
+}
 TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
-                                      "parameters": {"type": "object", "properties": {
-                                          "city": {"type": "string", "maxLength": 8}},
-                                                     "required": ["city"]}}},
-    {"type": "function", "function": {"name": "get_time", "description": "The time in a zone.", "strict": True,
-                                      "parameters": {"type": "object", "properties": {
-                                          "zone": {"type": "string", "maxLength": 5}}, "required": ["zone"]}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 8}},
+                "required": ["city"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "description": "The time in a zone.",
+            "strict": True,
+            "parameters": {
+                "type": "object",
+                "properties": {"zone": {"type": "string", "maxLength": 5}},
+                "required": ["zone"],
+            },
+        },
+    },
 ]
 
 
@@ -49,8 +71,9 @@ class HermesToyTokenizer(CharTokenizer):
     def apply_chat_template(self, messages, *, add_generation_prompt=True, tools=None):
         env = jinja2.Environment()
         env.filters["tojson"] = lambda x: json.dumps(x)
-        return env.from_string(TEMPLATE).render(messages=messages, tools=tools,
-                                                add_generation_prompt=add_generation_prompt)
+        return env.from_string(TEMPLATE).render(
+            messages=messages, tools=tools, add_generation_prompt=add_generation_prompt
+        )
 
 
 TOKENS = HermesToyTokenizer(VOCAB)
@@ -76,8 +99,11 @@ def scripted(context):
 def make_engine() -> Engine:
     target = ToyBackend(logits_fn=scripted, vocab_size=VOCAB, tokenizer=TOKENS, name="toy-tools")
     draft = ToyBackend(logits_fn=scripted, vocab_size=VOCAB, tokenizer=HermesToyTokenizer(VOCAB), name="toy-draft")
-    return Engine(target, [ModelDrafter(draft, name="draft"), NgramDrafter(2, 4), GrammarDrafter()],
-                  speculation=SpeculationConfig(policy="fixed", max_draft_tokens=4))
+    return Engine(
+        target,
+        [ModelDrafter(draft, name="draft"), NgramDrafter(2, 4), GrammarDrafter()],
+        speculation=SpeculationConfig(policy="fixed", max_draft_tokens=4),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -88,8 +114,9 @@ def tool_server():
 
 def ask(live, script: str, stream: bool = False, **kwargs):
     messages = kwargs.pop("messages", [{"role": "user", "content": script}])
-    return client(live.url).chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, temperature=0,
-                                                   max_tokens=200, stream=stream, **kwargs)
+    return client(live.url).chat.completions.create(
+        model=MODEL, messages=messages, tools=TOOLS, temperature=0, max_tokens=200, stream=stream, **kwargs
+    )
 
 
 def assembled(chunks) -> tuple[str, list[dict], str | None]:
@@ -126,7 +153,8 @@ def test_auto_streamed_deltas_assemble_into_the_same_call(tool_server):
     content, calls, finish = assembled(ask(tool_server, "call", stream=True))
     assert finish == "tool_calls" and content == whole.content
     assert [(c["name"], c["arguments"]) for c in calls] == [
-        (c.function.name, c.function.arguments) for c in whole.tool_calls]
+        (c.function.name, c.function.arguments) for c in whole.tool_calls
+    ]
 
 
 def test_parallel_calls_and_parallel_false(tool_server):
@@ -168,38 +196,64 @@ def test_required_and_named_calls_validate(tool_server, stream):
 
 def test_follow_up_turn_with_a_tool_message(tool_server):
     first = ask(tool_server, "call").choices[0].message
-    messages = [{"role": "user", "content": "call"}, first.model_dump(exclude_none=True),
-                {"role": "tool", "tool_call_id": first.tool_calls[0].id, "content": "sunny, 24 C"}]
+    messages = [
+        {"role": "user", "content": "call"},
+        first.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": first.tool_calls[0].id, "content": "sunny, 24 C"},
+    ]
     reply = ask(tool_server, "", messages=messages).choices[0]
     assert reply.message.content == "It is sunny in Paris." and reply.finish_reason == "stop"
 
 
-@pytest.mark.parametrize("tools, extra, param", [
-    ([{"type": "function", "function": {"description": "no name"}}], {}, "tools[0].function.name"),
-    ([TOOLS[0], TOOLS[0]], {}, "tools[1].function.name"),
-    (TOOLS, {"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice.function.name"),
-    (TOOLS, {"tool_choice": "sometimes"}, "tool_choice"),
-    ([{"type": "function", "function": {"name": "f", "strict": True, "parameters": {
-        "type": "object", "properties": {"x": {"type": "string", "format": "no-such-format"}}}}}], {}, "tools"),
-])
+@pytest.mark.parametrize(
+    "tools, extra, param",
+    [
+        ([{"type": "function", "function": {"description": "no name"}}], {}, "tools[0].function.name"),
+        ([TOOLS[0], TOOLS[0]], {}, "tools[1].function.name"),
+        (TOOLS, {"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice.function.name"),
+        (TOOLS, {"tool_choice": "sometimes"}, "tool_choice"),
+        (
+            [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "f",
+                        "strict": True,
+                        "parameters": {
+                            "type": "object",
+                            "properties": {"x": {"type": "string", "format": "no-such-format"}},
+                        },
+                    },
+                }
+            ],
+            {},
+            "tools",
+        ),
+    ],
+)
 def test_bad_tools_are_400s_naming_the_field(tool_server, tools, extra, param):
     with pytest.raises(openai.BadRequestError) as info:
-        client(tool_server.url).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
-                                                        tools=tools, **extra)
+        client(tool_server.url).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "x"}], tools=tools, **extra
+        )
     assert info.value.body["param"] == param, info.value.body
 
 
 def test_a_tool_message_without_its_call_is_a_400(tool_server):
     with pytest.raises(openai.BadRequestError) as info:
-        ask(tool_server, "", messages=[{"role": "user", "content": "x"},
-                                       {"role": "tool", "tool_call_id": "call_x", "content": "y"}])
+        ask(
+            tool_server,
+            "",
+            messages=[{"role": "user", "content": "x"}, {"role": "tool", "tool_call_id": "call_x", "content": "y"}],
+        )
     assert info.value.body["param"] == "messages[1].tool_call_id"
 
 
 def test_a_template_without_tools_is_a_400(server):
     with pytest.raises(openai.BadRequestError) as info:
-        client(server.url).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
-                                                   tools=TOOLS)
+        client(server.url).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "x"}], tools=TOOLS
+        )
     assert info.value.body["param"] == "tools" and "no tool support" in info.value.body["message"]
 
 
@@ -218,8 +272,9 @@ def test_langchain_bind_tools_and_structured_output(tool_server):
         """The weather in a city."""
         return "sunny"
 
-    llm = langchain_openai.ChatOpenAI(model=MODEL, base_url=f"{tool_server.url}/v1", api_key="unused",
-                                      temperature=0, max_retries=0, timeout=30)
+    llm = langchain_openai.ChatOpenAI(
+        model=MODEL, base_url=f"{tool_server.url}/v1", api_key="unused", temperature=0, max_retries=0, timeout=30
+    )
     message = llm.bind_tools([get_weather]).invoke("call")
     assert [(c["name"], c["args"]) for c in message.tool_calls] == [("get_weather", {"city": "Paris"})]
     assert message.content == "Let me look."

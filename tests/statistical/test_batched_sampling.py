@@ -13,11 +13,15 @@ NUM_SAMPLES = 6_000
 
 
 def test_joint_distribution_under_batching():
-    engine = Engine(ToyBackend(TARGET, slots=4), [NgramDrafter(1, 2), ModelDrafter(ToyBackend(DRAFT, slots=4), name="draft")])
+    engine = Engine(
+        ToyBackend(TARGET, slots=4), [NgramDrafter(1, 2), ModelDrafter(ToyBackend(DRAFT, slots=4), name="draft")]
+    )
     params = SamplingParams(temperature=1.0)
-    configs = [(SpeculationConfig(policy="fixed", max_draft_tokens=2), ["draft"]),
-               (SpeculationConfig(policy="fixed", max_draft_tokens=3), ["ngram"]),
-               (SpeculationConfig(enabled=False), None)]
+    configs = [
+        (SpeculationConfig(policy="fixed", max_draft_tokens=2), ["draft"]),
+        (SpeculationConfig(policy="fixed", max_draft_tokens=3), ["ngram"]),
+        (SpeculationConfig(enabled=False), None),
+    ]
     gens = []
     for seed in range(NUM_SAMPLES):
         speculation, drafters = configs[seed % len(configs)]

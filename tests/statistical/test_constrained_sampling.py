@@ -48,8 +48,9 @@ def sample_joint(engine, params, speculation, drafters):
 
 
 def engine():
-    return Engine(ToyBackend(TARGET), [ModelDrafter(ToyBackend(DRAFT), name="draft"), NgramDrafter(1, 2),
-                                       GrammarDrafter()])
+    return Engine(
+        ToyBackend(TARGET), [ModelDrafter(ToyBackend(DRAFT), name="draft"), NgramDrafter(1, 2), GrammarDrafter()]
+    )
 
 
 @pytest.mark.parametrize("drafter", ["draft", "ngram", "grammar"])

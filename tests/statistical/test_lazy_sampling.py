@@ -55,8 +55,9 @@ def exact_lazy_joint(params: SamplingParams, *, bug: bool = False) -> dict[tuple
 
 
 def engine():
-    return Engine(ToyBackend(TARGET), [ModelDrafter(ToyBackend(DRAFT), name="draft"), NgramDrafter(1, 2),
-                                       GrammarDrafter()])
+    return Engine(
+        ToyBackend(TARGET), [ModelDrafter(ToyBackend(DRAFT), name="draft"), NgramDrafter(1, 2), GrammarDrafter()]
+    )
 
 
 @pytest.mark.parametrize("drafter", ["draft", "ngram", "grammar"])
@@ -73,8 +74,9 @@ def test_detects_the_row_after_the_trigger_left_unmasked():
     """Negative control: the same answers fail against a joint whose first row after the
     trigger is unmasked (the bug class of a bonus row sampled without the grammar)."""
     params = SamplingParams(temperature=1.0)
-    counts = sequence_level.sample_joint(engine(), params, SpeculationConfig(policy="fixed", max_draft_tokens=2),
-                                         ["draft"], NUM_SAMPLES, constraint=LAZY)
+    counts = sequence_level.sample_joint(
+        engine(), params, SpeculationConfig(policy="fixed", max_draft_tokens=2), ["draft"], NUM_SAMPLES, constraint=LAZY
+    )
     buggy = exact_lazy_joint(params, bug=True)
     with pytest.raises(AssertionError, match="chi2"):
         check(counts, {s: p for s, p in buggy.items() if s in counts or p > 0})

@@ -34,8 +34,9 @@ PENALTIES = {
     "frequency": dict(frequency_penalty=0.9),
     "repeat": dict(repeat_penalty=1.8, repeat_last_n=4),  # a window shorter than prompt + output
     "logit_bias": dict(logit_bias={3: 1.5, 4: -2.0}),
-    "all": dict(presence_penalty=-0.5, frequency_penalty=0.7, repeat_penalty=1.3, repeat_last_n=-1,
-                logit_bias={2: 0.8}),
+    "all": dict(
+        presence_penalty=-0.5, frequency_penalty=0.7, repeat_penalty=1.3, repeat_last_n=-1, logit_bias={2: 0.8}
+    ),
 }
 
 
@@ -46,7 +47,7 @@ def reference_row(logits, params, context, num_prompt):
     for token, bias in params.logit_bias:
         row[token] += bias
     if params.repeat_penalty != 1.0 and params.repeat_last_n != 0:
-        window = context if params.repeat_last_n < 0 else context[-params.repeat_last_n:]
+        window = context if params.repeat_last_n < 0 else context[-params.repeat_last_n :]
         for token in set(window):
             row[token] = row[token] / params.repeat_penalty if row[token] > 0 else row[token] * params.repeat_penalty
     for token in set(context[num_prompt:]):
@@ -67,8 +68,9 @@ def test_each_row_sees_the_draft_before_it(name):
     for i in range(4):
         expected = reference_row(logits[i], params, context + list(draft[:i]), 5)
         np.testing.assert_allclose(got[i], expected, rtol=0, atol=1e-12)
-        np.testing.assert_allclose(lazy[i], distribution(expected[None], SamplingParams(temperature=1.0))[0],
-                                   atol=1e-12)
+        np.testing.assert_allclose(
+            lazy[i], distribution(expected[None], SamplingParams(temperature=1.0))[0], atol=1e-12
+        )
 
 
 def test_penalty_semantics_by_example():
@@ -97,8 +99,9 @@ def sample_joint(engine, params, speculation, drafters, num_samples=NUM_SAMPLES)
     counts = {}
     for seed in range(num_samples):
         sp = SamplingParams(**{**params, "seed": seed, "max_tokens": LENGTH, "ignore_eos": True})
-        key = tuple(engine.generate(prompt_ids=PROMPT, sampling=sp, speculation=speculation,
-                                    drafters=drafters).token_ids)
+        key = tuple(
+            engine.generate(prompt_ids=PROMPT, sampling=sp, speculation=speculation, drafters=drafters).token_ids
+        )
         counts[key] = counts.get(key, 0) + 1
     return counts
 
@@ -117,8 +120,10 @@ def p_value(counts, joint) -> float:
 
 def engine_with(drafter: str) -> tuple[Engine, SpeculationConfig]:
     if drafter == "draft":
-        return (Engine(ToyBackend(TARGET), [ModelDrafter(ToyBackend(DRAFT), name="draft")]),
-                SpeculationConfig(policy="fixed", max_draft_tokens=2, draft_temperature=0.8))
+        return (
+            Engine(ToyBackend(TARGET), [ModelDrafter(ToyBackend(DRAFT), name="draft")]),
+            SpeculationConfig(policy="fixed", max_draft_tokens=2, draft_temperature=0.8),
+        )
     return Engine(ToyBackend(TARGET), [NgramDrafter(1, 2)]), SpeculationConfig(policy="fixed", max_draft_tokens=3)
 
 
@@ -129,8 +134,12 @@ def test_joint_distribution_under_penalties(name, drafter):
     params = {"temperature": 1.0, **PENALTIES[name]}
     engine, spec = engine_with(drafter)
     counts = sample_joint(engine, params, spec, [drafter])
-    one = engine.generate(prompt_ids=PROMPT, sampling=SamplingParams(**params, max_tokens=LENGTH, ignore_eos=True),
-                          speculation=spec, drafters=[drafter])
+    one = engine.generate(
+        prompt_ids=PROMPT,
+        sampling=SamplingParams(**params, max_tokens=LENGTH, ignore_eos=True),
+        speculation=spec,
+        drafters=[drafter],
+    )
     assert one.stats.num_drafted > 0  # the windows were verified, not decoded one by one
     p = p_value(counts, exact_joint(SamplingParams(**params)))
     assert p > 1e-3, f"p={p:.2e}"

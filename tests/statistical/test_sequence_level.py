@@ -39,8 +39,14 @@ def sample_joint(engine, params, speculation, drafters, num_samples=NUM_SAMPLES,
     """Counts of the LENGTH-token answers over num_samples seeds; extra: more SamplingParams."""
     counts = {}
     for seed in range(num_samples):
-        sp = SamplingParams(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
-                            seed=seed, max_tokens=LENGTH, **{"ignore_eos": True, **extra})
+        sp = SamplingParams(
+            temperature=params.temperature,
+            top_k=params.top_k,
+            top_p=params.top_p,
+            seed=seed,
+            max_tokens=LENGTH,
+            **{"ignore_eos": True, **extra},
+        )
         result = engine.generate(prompt_ids=PROMPT, sampling=sp, speculation=speculation, drafters=drafters)
         key = tuple(result.token_ids)
         counts[key] = counts.get(key, 0) + 1

@@ -43,21 +43,31 @@ REQUESTS = [
 def stream(engine, prompt, max_tokens, stop, speculation, drafters, prediction, cancelled=None):
     sampling = SamplingParams(max_tokens=max_tokens, stop=stop, ignore_eos=True)
     if prediction:  # a prediction in token form: the toy's char tokenizer encodes text
-        speculation = SpeculationConfig(policy=speculation.policy, max_draft_tokens=speculation.max_draft_tokens,
-                                        prediction=tuple(prompt * 4))
-    return engine.stream(prompt_ids=prompt, sampling=sampling, speculation=speculation, drafters=drafters,
-                         cancelled=cancelled)
+        speculation = SpeculationConfig(
+            policy=speculation.policy, max_draft_tokens=speculation.max_draft_tokens, prediction=tuple(prompt * 4)
+        )
+    return engine.stream(
+        prompt_ids=prompt, sampling=sampling, speculation=speculation, drafters=drafters, cancelled=cancelled
+    )
 
 
 def single_outputs(requests):
     out = []
     for r in requests:
         engine = make_engine(1)
-        out.append(engine.generate(prompt_ids=r[0], sampling=SamplingParams(max_tokens=r[1], stop=r[2], ignore_eos=True),
-                                   speculation=SpeculationConfig(policy=r[3].policy, max_draft_tokens=r[3].max_draft_tokens,
-                                                                 enabled=r[3].enabled,
-                                                                 prediction=tuple(r[0] * 4) if r[5] else ()),
-                                   drafters=r[4]).token_ids)
+        out.append(
+            engine.generate(
+                prompt_ids=r[0],
+                sampling=SamplingParams(max_tokens=r[1], stop=r[2], ignore_eos=True),
+                speculation=SpeculationConfig(
+                    policy=r[3].policy,
+                    max_draft_tokens=r[3].max_draft_tokens,
+                    enabled=r[3].enabled,
+                    prediction=tuple(r[0] * 4) if r[5] else (),
+                ),
+                drafters=r[4],
+            ).token_ids
+        )
     return out
 
 
@@ -91,15 +101,25 @@ def test_joins_and_leaves_at_every_step_position():
 def test_stop_strings_and_streamed_text_match_single():
     engine1 = make_engine(1)
     tok = engine1.tokenizer
-    single = engine1.generate(prompt_ids=PROMPTS[0], sampling=SamplingParams(max_tokens=60, ignore_eos=True),
-                              speculation=SpeculationConfig(policy="fixed", max_draft_tokens=4), drafters=["ngram"])
+    single = engine1.generate(
+        prompt_ids=PROMPTS[0],
+        sampling=SamplingParams(max_tokens=60, ignore_eos=True),
+        speculation=SpeculationConfig(policy="fixed", max_draft_tokens=4),
+        drafters=["ngram"],
+    )
     stop = single.text[20:23]
-    want = make_engine(1).generate(prompt_ids=PROMPTS[0], sampling=SamplingParams(max_tokens=60, stop=(stop,), ignore_eos=True),
-                                   speculation=SpeculationConfig(policy="fixed", max_draft_tokens=4), drafters=["ngram"])
+    want = make_engine(1).generate(
+        prompt_ids=PROMPTS[0],
+        sampling=SamplingParams(max_tokens=60, stop=(stop,), ignore_eos=True),
+        speculation=SpeculationConfig(policy="fixed", max_draft_tokens=4),
+        drafters=["ngram"],
+    )
     engine = make_engine(2)
     batcher = Batcher(engine)
-    gens = [stream(engine, PROMPTS[0], 60, (stop,), SpeculationConfig(policy="fixed", max_draft_tokens=4), ["ngram"], None),
-            stream(engine, PROMPTS[1], 30, (), SpeculationConfig(), None, None)]
+    gens = [
+        stream(engine, PROMPTS[0], 60, (stop,), SpeculationConfig(policy="fixed", max_draft_tokens=4), ["ngram"], None),
+        stream(engine, PROMPTS[1], 30, (), SpeculationConfig(), None, None),
+    ]
     for g in gens:
         batcher.add(g)
     pieces = {id(g): [] for g in gens}
@@ -169,7 +189,9 @@ def test_one_target_forward_per_step_and_prefix_reuse(monkeypatch):
     assert len(calls) == batcher.num_steps and max(calls) == 2  # one forward per step, both requests in it
     assert engine.target.num_batches == sum(1 for n in calls if n > 1)
     # A follow-up with the first answer as its prompt goes to the first request's slot.
-    follow = stream(engine, first.request.prompt_ids + first.result.token_ids + [4], 5, (), SpeculationConfig(), None, None)
+    follow = stream(
+        engine, first.request.prompt_ids + first.result.token_ids + [4], 5, (), SpeculationConfig(), None, None
+    )
     slot = batcher.add(follow)
     assert follow.request is not None and slot == 0
     while batcher.active:

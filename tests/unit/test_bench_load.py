@@ -40,8 +40,7 @@ def fake_app(*, usage: bool = True, piece_delay_s: float = 0.01, api_key: str | 
     def refused(request) -> JSONResponse | None:
         if api_key is None or request.headers.get("authorization") == f"Bearer {api_key}":
             return None
-        return JSONResponse({"error": {"message": "invalid API key", "type": "invalid_request_error"}},
-                            status_code=401)
+        return JSONResponse({"error": {"message": "invalid API key", "type": "invalid_request_error"}}, status_code=401)
 
     async def chat(request):
         if (refusal := refused(request)) is not None:
@@ -66,8 +65,17 @@ def fake_app(*, usage: bool = True, piece_delay_s: float = 0.01, api_key: str | 
                     return
                 yield sse({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
                 if usage:
-                    yield sse({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": USAGE_TOKENS,
-                                                        "total_tokens": 3 + USAGE_TOKENS, "speculative": SPECULATIVE}})
+                    yield sse(
+                        {
+                            "choices": [],
+                            "usage": {
+                                "prompt_tokens": 3,
+                                "completion_tokens": USAGE_TOKENS,
+                                "total_tokens": 3 + USAGE_TOKENS,
+                                "speculative": SPECULATIVE,
+                            },
+                        }
+                    )
                 yield "data: [DONE]\n\n"
             finally:
                 state["in_flight"] -= 1
@@ -82,8 +90,13 @@ def fake_app(*, usage: bool = True, piece_delay_s: float = 0.01, api_key: str | 
     async def health(request):
         return JSONResponse({"status": "ok"})
 
-    app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]), Route("/v1/models", models),
-                            Route("/health", health)])
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/v1/models", models),
+            Route("/health", health),
+        ]
+    )
     app.state.fake = state
     return app
 
@@ -93,8 +106,9 @@ class FakeServer:
 
     def __init__(self, app) -> None:
         self.app = app
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_config=None,
-                                                    log_level="warning"))
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=0, log_config=None, log_level="warning")
+        )
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> FakeServer:
@@ -132,8 +146,11 @@ def test_levels_count_requests_tokens_and_errors(results):
         assert s["num_tokens"] == 3 * USAGE_TOKENS  # successful requests only, counted from usage
         assert s["num_drafted"] == 3 * SPECULATIVE["num_drafted"]
         assert s["num_accepted"] == 3 * SPECULATIVE["num_accepted"]
-        assert s["errors"] == {"503: server busy": 1, "200: generation failed: boom": 1,
-                               "200: the stream ended before [DONE]": 1}
+        assert s["errors"] == {
+            "503: server busy": 1,
+            "200: generation failed: boom": 1,
+            "200: the stream ended before [DONE]": 1,
+        }
         assert s["tokens_per_second"] == pytest.approx(s["num_tokens"] / s["wall_s"])
     records = results["records"]
     assert len(records) == 12
@@ -184,10 +201,25 @@ def test_api_key_is_sent_and_a_refusal_is_a_clear_error():
 
 
 def test_api_keys_are_redacted_from_command_lines():
-    assert load.redact_api_keys(["bench-serve", "--api-key", "sk-1", "--serve-args", "--api-key=sk-2 --k 8",
-                                 "--serve-args", "--draft ngram --api-key 'sk 3'"]) == [
-        "bench-serve", "--api-key", "REDACTED", "--serve-args", "--api-key=REDACTED --k 8",
-        "--serve-args", "--draft ngram --api-key REDACTED"]
+    assert load.redact_api_keys(
+        [
+            "bench-serve",
+            "--api-key",
+            "sk-1",
+            "--serve-args",
+            "--api-key=sk-2 --k 8",
+            "--serve-args",
+            "--draft ngram --api-key 'sk 3'",
+        ]
+    ) == [
+        "bench-serve",
+        "--api-key",
+        "REDACTED",
+        "--serve-args",
+        "--api-key=REDACTED --k 8",
+        "--serve-args",
+        "--draft ngram --api-key REDACTED",
+    ]
 
 
 def test_failed_warm_up_is_a_clear_error(fake):
@@ -206,8 +238,26 @@ def test_files_are_written(results, tmp_path):
 
 def test_cli_with_url(fake, tmp_path):
     out = tmp_path / "run"
-    result = CliRunner().invoke(main, ["bench-serve", "--url", fake.url, "--concurrency", "1,2", "--requests", "3",
-                                       "--max-tokens", "8", "--suite", "quick", "--label", "fake", "--out", str(out)])
+    result = CliRunner().invoke(
+        main,
+        [
+            "bench-serve",
+            "--url",
+            fake.url,
+            "--concurrency",
+            "1,2",
+            "--requests",
+            "3",
+            "--max-tokens",
+            "8",
+            "--suite",
+            "quick",
+            "--label",
+            "fake",
+            "--out",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "| C | requests |" in result.stdout and "| 2 | 3 | 0 |" in result.stdout
     saved = load_report.load_run(out / "results.json")
@@ -216,15 +266,18 @@ def test_cli_with_url(fake, tmp_path):
     assert (out / "report.md").is_file() and (out / "throughput.png").is_file()
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--concurrency", "1,x"], "'x' is not a valid int"),
-    (["--concurrency", "0,2"], "--concurrency"),
-    (["--requests", "0"], "--requests"),
-    (["--suite", "nope"], "unknown suite"),
-    (["--url", "http://127.0.0.1:{port}"], "cannot reach http://127.0.0.1:"),
-    (["--url", "http://x", "--serve-args", "--draft ngram"], "--serve-args"),
-    (["--compare", "{tmp}"], "at least two RESULTS"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--concurrency", "1,x"], "'x' is not a valid int"),
+        (["--concurrency", "0,2"], "--concurrency"),
+        (["--requests", "0"], "--requests"),
+        (["--suite", "nope"], "unknown suite"),
+        (["--url", "http://127.0.0.1:{port}"], "cannot reach http://127.0.0.1:"),
+        (["--url", "http://x", "--serve-args", "--draft ngram"], "--serve-args"),
+        (["--compare", "{tmp}"], "at least two RESULTS"),
+    ],
+)
 def test_cli_bad_input(args, message, tmp_path):
     args = [a.format(port=load.free_port(), tmp=tmp_path) for a in args]
     result = CliRunner().invoke(main, ["bench-serve", "--out", str(tmp_path / "out"), *args])
@@ -235,9 +288,24 @@ def test_cli_bad_input(args, message, tmp_path):
 def test_cli_starts_draftwise_serve_and_stops_it(tiny_gguf_dir, tmp_path):
     pytest.importorskip("llama_cpp")
     serve_args = f"--target {tiny_gguf_dir / 'target.gguf'} --draft ngram --n-ctx 4096 --threads 1"
-    result = CliRunner().invoke(main, ["bench-serve", "--serve-args", serve_args, "--concurrency", "1,2",
-                                       "--requests", "2", "--max-tokens", "8", "--suite", "chat",
-                                       "--out", str(tmp_path)])
+    result = CliRunner().invoke(
+        main,
+        [
+            "bench-serve",
+            "--serve-args",
+            serve_args,
+            "--concurrency",
+            "1,2",
+            "--requests",
+            "2",
+            "--max-tokens",
+            "8",
+            "--suite",
+            "chat",
+            "--out",
+            str(tmp_path),
+        ],
+    )
     assert result.exit_code == 0, result.output
     saved = load_report.load_run(tmp_path)
     assert saved["meta"]["serve_command"].startswith("draftwise serve --target ")
@@ -254,25 +322,36 @@ def test_started_server_that_exits_shows_its_output():
 
 
 def _run(label: str, levels: dict[int, tuple[float, float]]) -> dict:
-    return {"format": load.FORMAT, "meta": {"label": label, "server": {"url": "http://x"}},
-            "levels": [{"concurrency": c, "tokens_per_second": tps, "ttft_p95_s": ttft}
-                       for c, (tps, ttft) in levels.items()]}
+    return {
+        "format": load.FORMAT,
+        "meta": {"label": label, "server": {"url": "http://x"}},
+        "levels": [
+            {"concurrency": c, "tokens_per_second": tps, "ttft_p95_s": ttft} for c, (tps, ttft) in levels.items()
+        ],
+    }
 
 
 def test_compare_table_and_cli(tmp_path):
-    runs = [_run("draftwise", {1: (100.0, 0.2), 4: (300.0, 0.4)}),
-            _run("llama-server", {1: (50.0, 0.1), 2: (80.0, 0.3)})]
+    runs = [
+        _run("draftwise", {1: (100.0, 0.2), 4: (300.0, 0.4)}),
+        _run("llama-server", {1: (50.0, 0.1), 2: (80.0, 0.3)}),
+    ]
     lines = load_report.compare_markdown(runs).splitlines()
-    assert lines[0] == ("| C | draftwise tok/s | draftwise TTFT p95 s | llama-server tok/s | llama-server TTFT p95 s "
-                        "| llama-server/draftwise tok/s | llama-server/draftwise TTFT p95 |")
-    assert lines[2:] == ["| 1 | 100.0 | 0.200 | 50.0 | 0.100 | 0.50x | 0.50x |",
-                         "| 2 | - | - | 80.0 | 0.300 | - | - |",
-                         "| 4 | 300.0 | 0.400 | - | - | - | - |"]
+    assert lines[0] == (
+        "| C | draftwise tok/s | draftwise TTFT p95 s | llama-server tok/s | llama-server TTFT p95 s "
+        "| llama-server/draftwise tok/s | llama-server/draftwise TTFT p95 |"
+    )
+    assert lines[2:] == [
+        "| 1 | 100.0 | 0.200 | 50.0 | 0.100 | 0.50x | 0.50x |",
+        "| 2 | - | - | 80.0 | 0.300 | - | - |",
+        "| 4 | 300.0 | 0.400 | - | - | - | - |",
+    ]
     for i, run in enumerate(runs):
         (tmp_path / f"r{i}").mkdir()
         (tmp_path / f"r{i}" / "results.json").write_text(json.dumps(run))
-    result = CliRunner().invoke(main, ["bench-serve", "--compare", str(tmp_path / "r0"), str(tmp_path / "r1"),
-                                       "--out", str(tmp_path / "cmp")])
+    result = CliRunner().invoke(
+        main, ["bench-serve", "--compare", str(tmp_path / "r0"), str(tmp_path / "r1"), "--out", str(tmp_path / "cmp")]
+    )
     assert result.exit_code == 0, result.output
     assert "| 1 | 100.0 | 0.200 | 50.0 | 0.100 | 0.50x | 0.50x |" in result.stdout
     assert (tmp_path / "cmp" / "compare.md").read_text() == load_report.compare_markdown(runs)

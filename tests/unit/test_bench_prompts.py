@@ -28,25 +28,30 @@ def write_lines(tmp_path, lines):
 
 
 def test_valid_file_loads_with_reference_and_blank_lines(tmp_path):
-    path = write_lines(tmp_path, [json.dumps(GOOD), "", json.dumps({**GOOD, "question_id": 2, "turns": ["a", "b"],
-                                                                     "reference": ["4"]})])
+    path = write_lines(
+        tmp_path,
+        [json.dumps(GOOD), "", json.dumps({**GOOD, "question_id": 2, "turns": ["a", "b"], "reference": ["4"]})],
+    )
     prompts = load_prompts(path)
     assert [p.question_id for p in prompts] == [1, 2]
     assert prompts[1].turns == ("a", "b") and prompts[1].reference == ["4"]
 
 
-@pytest.mark.parametrize("bad, why", [
-    ('{"question_id": 3, "category": "math", "turns": ["x"]', "not valid JSON"),
-    (json.dumps({"category": "math", "turns": ["x"]}), "'question_id' must be an integer"),
-    (json.dumps({**GOOD, "question_id": "7"}), "'question_id' must be an integer"),
-    (json.dumps({**GOOD, "question_id": True}), "'question_id' must be an integer"),
-    (json.dumps({**GOOD, "category": ""}), "'category' must be a non-empty string"),
-    (json.dumps({**GOOD, "turns": "just a string"}), "'turns' must be a non-empty list"),
-    (json.dumps({**GOOD, "turns": []}), "'turns' must be a non-empty list"),
-    (json.dumps({**GOOD, "turns": ["ok", 5]}), "'turns'[1] must be a non-empty string"),
-    (json.dumps([1, 2]), "expected a JSON object"),
-    (json.dumps(GOOD), "question_id 1 already used on line 1"),
-])
+@pytest.mark.parametrize(
+    "bad, why",
+    [
+        ('{"question_id": 3, "category": "math", "turns": ["x"]', "not valid JSON"),
+        (json.dumps({"category": "math", "turns": ["x"]}), "'question_id' must be an integer"),
+        (json.dumps({**GOOD, "question_id": "7"}), "'question_id' must be an integer"),
+        (json.dumps({**GOOD, "question_id": True}), "'question_id' must be an integer"),
+        (json.dumps({**GOOD, "category": ""}), "'category' must be a non-empty string"),
+        (json.dumps({**GOOD, "turns": "just a string"}), "'turns' must be a non-empty list"),
+        (json.dumps({**GOOD, "turns": []}), "'turns' must be a non-empty list"),
+        (json.dumps({**GOOD, "turns": ["ok", 5]}), "'turns'[1] must be a non-empty string"),
+        (json.dumps([1, 2]), "expected a JSON object"),
+        (json.dumps(GOOD), "question_id 1 already used on line 1"),
+    ],
+)
 def test_malformed_line_names_file_and_line(tmp_path, bad, why):
     path = write_lines(tmp_path, [json.dumps(GOOD), "", bad])
     with pytest.raises(PromptFileError) as info:
@@ -122,10 +127,13 @@ def test_pad_prompt_reaches_about_the_requested_length_with_filler_from_other_pr
 def test_predictions_per_turn_are_parsed_and_checked():
     from draftwise.bench.prompts import PromptFileError, parse_lines
 
-    one, many = parse_lines([
-        '{"question_id": 1, "category": "code_edit", "turns": ["a", "b"], "prediction": "x"}',
-        '{"question_id": 2, "category": "code_edit", "turns": ["a", "b"], "prediction": [null, "y"]}',
-    ], "p.jsonl")
+    one, many = parse_lines(
+        [
+            '{"question_id": 1, "category": "code_edit", "turns": ["a", "b"], "prediction": "x"}',
+            '{"question_id": 2, "category": "code_edit", "turns": ["a", "b"], "prediction": [null, "y"]}',
+        ],
+        "p.jsonl",
+    )
     assert (one.prediction_for(0), one.prediction_for(1)) == ("x", None)
     assert (many.prediction_for(0), many.prediction_for(1)) == (None, "y")
     for bad in ('"prediction": 5', '"prediction": ["a", "b", "c"]', '"prediction": [1]'):

@@ -13,28 +13,76 @@ from draftwise.bench.runner import FORMAT
 from draftwise.cli import main
 
 
-def record(qid, category, method, tps, speedup, *, k=4, drafted=0, accepted=0, steps=10, generated=10,
-           identical=True, temperature=0.0, windows=(20.0, 21.0, 19.0, 22.0), error=None, overhead=0.0):
-    r = {"question_id": qid, "category": category, "turn": 0, "method": method,
-         "policy_name": "none" if method == "baseline" else "fixed", "k": None if method == "baseline" else k,
-         "draft_temperature": None, "temperature": temperature, "context_tokens": None,
-         "memory_overhead_mb": overhead, "error": error}
+def record(
+    qid,
+    category,
+    method,
+    tps,
+    speedup,
+    *,
+    k=4,
+    drafted=0,
+    accepted=0,
+    steps=10,
+    generated=10,
+    identical=True,
+    temperature=0.0,
+    windows=(20.0, 21.0, 19.0, 22.0),
+    error=None,
+    overhead=0.0,
+):
+    r = {
+        "question_id": qid,
+        "category": category,
+        "turn": 0,
+        "method": method,
+        "policy_name": "none" if method == "baseline" else "fixed",
+        "k": None if method == "baseline" else k,
+        "draft_temperature": None,
+        "temperature": temperature,
+        "context_tokens": None,
+        "memory_overhead_mb": overhead,
+        "error": error,
+    }
     if error:
         return {**r, "speedup": None, "identical_to_baseline": None}
-    return {**r, "new_tokens": generated, "num_generated": generated, "num_drafted": drafted,
-            "num_accepted": accepted, "num_steps": steps, "decode_tokens_per_second": tps, "speedup": speedup,
-            "identical_to_baseline": identical, "tokens_per_second_windows": list(windows), "window_tokens": 32,
-            "position_drafted": [steps, steps] if drafted else [], "position_accepted": [accepted // 2, accepted // 2]
-            if drafted else [], "decode_ms": 1000 * generated / tps, "verify_ms": 900 * generated / tps,
-            "policy": {"policy": "auto", "target_cost_ms": {"1": 30.0, "2": 60.0, "4": 100.0}}}
+    return {
+        **r,
+        "new_tokens": generated,
+        "num_generated": generated,
+        "num_drafted": drafted,
+        "num_accepted": accepted,
+        "num_steps": steps,
+        "decode_tokens_per_second": tps,
+        "speedup": speedup,
+        "identical_to_baseline": identical,
+        "tokens_per_second_windows": list(windows),
+        "window_tokens": 32,
+        "position_drafted": [steps, steps] if drafted else [],
+        "position_accepted": [accepted // 2, accepted // 2] if drafted else [],
+        "decode_ms": 1000 * generated / tps,
+        "verify_ms": 900 * generated / tps,
+        "policy": {"policy": "auto", "target_cost_ms": {"1": 30.0, "2": 60.0, "4": 100.0}},
+    }
 
 
 def fake_results():
     records = [
         record(1, "code", "baseline", 20.0, 1.0),
         record(1, "code", "ngram", 30.0, 1.5, drafted=40, accepted=30, steps=10, generated=40),
-        record(1, "code", "draft", 10.0, 0.5, drafted=40, accepted=20, steps=10, generated=30, identical=False,
-               overhead=512.0),
+        record(
+            1,
+            "code",
+            "draft",
+            10.0,
+            0.5,
+            drafted=40,
+            accepted=20,
+            steps=10,
+            generated=30,
+            identical=False,
+            overhead=512.0,
+        ),
         record(2, "code", "baseline", 25.0, 1.0),
         record(2, "code", "ngram", 50.0, 2.0, drafted=20, accepted=10, steps=10, generated=20),
         record(2, "code", "draft", 10.0, 0.4, drafted=0, accepted=0, error="RuntimeError: boom", overhead=512.0),
@@ -42,11 +90,20 @@ def fake_results():
         record(3, "chat", "ngram", 27.0, 0.9, drafted=10, accepted=1, steps=10, generated=11),
         record(3, "chat", "draft", 15.0, 0.5, drafted=40, accepted=10, steps=10, generated=20, overhead=512.0),
     ]
-    return {"format": FORMAT, "complete": True, "records": records,
-            "config": {"methods": ["baseline", "ngram", "draft"], "max_tokens": 64, "ks": [4], "repeats": 1},
-            "meta": {"target": "toy", "draft_model": "toy-draft", "drafters": ["draft", "ngram"],
-                     "prompts": "fake", "memory": {"draft_overhead_mb": 512.0},
-                     "calibration": {"target": {"1": 30.0, "4": 100.0, "16": 250.0}}}}
+    return {
+        "format": FORMAT,
+        "complete": True,
+        "records": records,
+        "config": {"methods": ["baseline", "ngram", "draft"], "max_tokens": 64, "ks": [4], "repeats": 1},
+        "meta": {
+            "target": "toy",
+            "draft_model": "toy-draft",
+            "drafters": ["draft", "ngram"],
+            "prompts": "fake",
+            "memory": {"draft_overhead_mb": 512.0},
+            "calibration": {"target": {"1": 30.0, "4": 100.0, "16": 250.0}},
+        },
+    }
 
 
 def test_geomean():
@@ -127,8 +184,9 @@ def test_competing_load_counts_other_processes_only():
     Cpu = namedtuple("Cpu", "user system")
     Own = namedtuple("Own", "user system children_user children_system")
     machine, own = iter([Cpu(10.0, 0.0), Cpu(12.0, 0.0)]), iter([Own(1.0, 0.0, 0, 0), Own(2.5, 0.0, 0, 0)])
-    probe = CompetingLoad(cpu_times=lambda: next(machine), own_times=lambda: next(own), cpus=2,
-                          clock=iter([0.0, 1.0]).__next__)
+    probe = CompetingLoad(
+        cpu_times=lambda: next(machine), own_times=lambda: next(own), cpus=2, clock=iter([0.0, 1.0]).__next__
+    )
     assert probe.share() == pytest.approx(0.25)
     quiet, busy = fake_results(), fake_results()
     for r in quiet["records"]:

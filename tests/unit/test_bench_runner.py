@@ -16,10 +16,31 @@ from draftwise.drafters import ModelDrafter, NgramDrafter
 from draftwise.engine import Engine
 from draftwise.types import ConfigError
 
-SECTION_5 = ("num_drafted", "num_accepted", "num_steps", "acceptance_rate", "mean_accepted_tokens",
-             "tokens_per_step", "accepted_per_position", "tokens_per_second", "tokens_per_second_e2e")
-BENCH_FIELDS = ("category", "question_id", "method", "turn", "new_tokens", "prefill_ms", "decode_tokens_per_second",
-                "speedup", "identical_to_baseline", "peak_rss_mb", "tokens_per_second_windows", "memory_overhead_mb")
+SECTION_5 = (
+    "num_drafted",
+    "num_accepted",
+    "num_steps",
+    "acceptance_rate",
+    "mean_accepted_tokens",
+    "tokens_per_step",
+    "accepted_per_position",
+    "tokens_per_second",
+    "tokens_per_second_e2e",
+)
+BENCH_FIELDS = (
+    "category",
+    "question_id",
+    "method",
+    "turn",
+    "new_tokens",
+    "prefill_ms",
+    "decode_tokens_per_second",
+    "speedup",
+    "identical_to_baseline",
+    "peak_rss_mb",
+    "tokens_per_second_windows",
+    "memory_overhead_mb",
+)
 PROMPTS = [
     Prompt(11, "code", ("def add(a, b): return a + b. now write sub",)),
     Prompt(12, "chat", ("tell me a story about a cat",)),
@@ -67,8 +88,12 @@ def run(engine, tmp_path, prompts=PROMPTS, **config):
 def test_records_are_complete_one_per_prompt_turn_and_method(tmp_path):
     results = run(toy_engine(), tmp_path, methods=("baseline", "draft", "ngram", "heuristic"))
     records = results["records"]
-    expected = {(p.question_id, t, m) for p in PROMPTS for t in range(len(p.turns))
-                for m in ("baseline", "draft", "ngram", "heuristic")}
+    expected = {
+        (p.question_id, t, m)
+        for p in PROMPTS
+        for t in range(len(p.turns))
+        for m in ("baseline", "draft", "ngram", "heuristic")
+    }
     assert {(r["question_id"], r["turn"], r["method"]) for r in records} == expected
     assert len(records) == len(expected)
     for r in records:
@@ -114,8 +139,15 @@ def test_identical_flag_compares_token_ids_with_baseline(tmp_path):
 
 
 def test_identical_is_not_claimed_for_sampled_runs_and_sweeps_make_one_set_per_setting(tmp_path):
-    records = run(toy_engine(draft_seed=5), tmp_path, prompts=PROMPTS[:1], methods=("baseline", "draft", "ngram"),
-                  temperatures=(0.0, 0.8), ks=(1, 3), draft_temperatures=(None, 1.0))["records"]
+    records = run(
+        toy_engine(draft_seed=5),
+        tmp_path,
+        prompts=PROMPTS[:1],
+        methods=("baseline", "draft", "ngram"),
+        temperatures=(0.0, 0.8),
+        ks=(1, 3),
+        draft_temperatures=(None, 1.0),
+    )["records"]
     combos = {(r["method"], r["temperature"], r["k"], r["draft_temperature"]) for r in records}
     # baseline once per temperature; ngram per k; the draft model per k x draft temperature
     assert len(records) == len(combos) == 2 * (1 + 2 + 2 * 2)
@@ -126,8 +158,14 @@ def test_identical_is_not_claimed_for_sampled_runs_and_sweeps_make_one_set_per_s
 
 def test_branches_sweep_applies_to_fixed_ngram_only_and_stays_identical(tmp_path):
     prompts = [Prompt(21, "code_edit", ("a b c a b d a b c a b d a b",))]
-    records = run(toy_engine(), tmp_path, prompts=prompts, methods=("baseline", "ngram", "draft", "auto:ngram"),
-                  ks=(3,), branches=(1, 3))["records"]
+    records = run(
+        toy_engine(),
+        tmp_path,
+        prompts=prompts,
+        methods=("baseline", "ngram", "draft", "auto:ngram"),
+        ks=(3,),
+        branches=(1, 3),
+    )["records"]
     combos = sorted((r["method"], r["branches"]) for r in records)
     assert combos == [("auto:ngram", 1), ("baseline", 1), ("draft", 1), ("ngram", 1), ("ngram", 3)]
     assert all(r["identical_to_baseline"] is True for r in records)
@@ -186,8 +224,9 @@ def test_resume_finishes_an_interrupted_run_without_redoing_saved_prompts(tmp_pa
     assert engine.num_streams == 2 * (1 + 2)  # prompts 12 and 13 (two turns) x two methods
     assert results["complete"] is True
     keys = [(r["question_id"], r["turn"], r["method"]) for r in results["records"]]
-    assert sorted(keys) == sorted((p.question_id, t, m) for p in PROMPTS for t in range(len(p.turns))
-                                  for m in ("baseline", "ngram"))
+    assert sorted(keys) == sorted(
+        (p.question_id, t, m) for p in PROMPTS for t in range(len(p.turns)) for m in ("baseline", "ngram")
+    )
     assert results["records"][: len(saved["records"])] == saved["records"]
 
 
@@ -199,8 +238,9 @@ def test_repeats_keep_the_median_run(tmp_path):
 
 
 def test_context_sweep_pads_prompts_and_records_the_length(tmp_path):
-    records = run(toy_engine(), tmp_path, prompts=PROMPTS[:2], methods=("baseline", "ngram"),
-                  context_lengths=(64, 512))["records"]
+    records = run(
+        toy_engine(), tmp_path, prompts=PROMPTS[:2], methods=("baseline", "ngram"), context_lengths=(64, 512)
+    )["records"]
     assert {r["context_tokens"] for r in records} == {64, 512}
     for r in records:
         if r["context_tokens"] == 512:
@@ -256,9 +296,16 @@ def test_drift_corrected_speedup_counts_time_in_each_runs_own_plain_steps():
 
     def rec(policy, steps_ms, plain, tokens=100):
         decode = sum(steps_ms)
-        return {"turn": 0, "policy_name": policy, "num_generated": tokens, "decode_ms": decode,
-                "decode_tokens_per_second": 1000 * tokens / decode, "num_plain_steps": plain,
-                "plain_step_ms": sum(steps_ms[:plain]), "_token_ids": [1]}
+        return {
+            "turn": 0,
+            "policy_name": policy,
+            "num_generated": tokens,
+            "decode_ms": decode,
+            "decode_tokens_per_second": 1000 * tokens / decode,
+            "num_plain_steps": plain,
+            "plain_step_ms": sum(steps_ms[:plain]),
+            "_token_ids": [1],
+        }
 
     base = rec("none", [30.0] * 100, 100)
     # Twice as slow a machine: plain steps take 60 ms; 20 plain + 20 steps of 4 tokens at 150 ms.
@@ -272,8 +319,12 @@ def test_drift_corrected_speedup_counts_time_in_each_runs_own_plain_steps():
 
 
 def test_prompts_with_a_json_schema_are_constrained_for_every_method_but_unconstrained_ones(tmp_path):
-    schema = {"type": "object", "properties": {"a": {"enum": ["x", "yy"]}, "b": {"type": "integer", "maximum": 99}},
-              "required": ["a", "b"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"a": {"enum": ["x", "yy"]}, "b": {"type": "integer", "maximum": 99}},
+        "required": ["a", "b"],
+        "additionalProperties": False,
+    }
     target = ToyModel(vocab_size=90, sharpness=3)
     engine = Engine(ToyBackend(target), [NgramDrafter(1, 3)])
     prompts = [Prompt(21, "structured_schema", ("a record",), json_schema=schema), Prompt(22, "chat", ("hi",))]

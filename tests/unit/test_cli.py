@@ -17,16 +17,19 @@ def run(*args):
     return CliRunner().invoke(main, list(args))
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--k", "0"], "max_draft_tokens"),
-    (["--temperature", "-1"], "temperature"),
-    (["--top-p", "0"], "top_p"),
-    (["--top-p", "1.5"], "top_p"),
-    (["--max-tokens", "0"], "max_tokens"),
-    (["--target", "/no/such/model.gguf"], "neither a known name"),
-    (["--draft", "/no/such/draft.gguf"], "neither a known name"),
-    (["--n-ctx", "64", "--prompt", "x " * 400], "context"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--k", "0"], "max_draft_tokens"),
+        (["--temperature", "-1"], "temperature"),
+        (["--top-p", "0"], "top_p"),
+        (["--top-p", "1.5"], "top_p"),
+        (["--max-tokens", "0"], "max_tokens"),
+        (["--target", "/no/such/model.gguf"], "neither a known name"),
+        (["--draft", "/no/such/draft.gguf"], "neither a known name"),
+        (["--n-ctx", "64", "--prompt", "x " * 400], "context"),
+    ],
+)
 def test_bad_arguments(tiny, args, message):
     base = ["generate", "--prompt", "hello", "--target", tiny, "--threads", "1"]
     result = run(*base, *args)
@@ -35,19 +38,55 @@ def test_bad_arguments(tiny, args, message):
 
 
 def test_generate_json_on_tiny_model(tiny, tiny_gguf_dir):
-    result = run("generate", "--prompt", "def f(x):\n    return x\n\ndef f(x):\n", "--target", tiny, "--threads", "1",
-                 "--draft", f"ngram,{tiny_gguf_dir / 'twin.gguf'}", "--policy", "fixed", "--max-tokens", "20", "--json")
+    result = run(
+        "generate",
+        "--prompt",
+        "def f(x):\n    return x\n\ndef f(x):\n",
+        "--target",
+        tiny,
+        "--threads",
+        "1",
+        "--draft",
+        f"ngram,{tiny_gguf_dir / 'twin.gguf'}",
+        "--policy",
+        "fixed",
+        "--max-tokens",
+        "20",
+        "--json",
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.output.strip().splitlines()[-1])
-    for key in ("text", "token_ids", "num_drafted", "num_accepted", "num_steps", "acceptance_rate",
-                "mean_accepted_tokens", "tokens_per_step", "accepted_per_position", "tokens_per_second"):
+    for key in (
+        "text",
+        "token_ids",
+        "num_drafted",
+        "num_accepted",
+        "num_steps",
+        "acceptance_rate",
+        "mean_accepted_tokens",
+        "tokens_per_step",
+        "accepted_per_position",
+        "tokens_per_second",
+    ):
         assert key in data
     assert len(data["token_ids"]) <= 20 and data["num_drafted"] > 0
 
 
 def test_generate_streams_and_prints_summary(tiny):
-    result = run("generate", "--prompt", "abc", "--target", tiny, "--threads", "1", "--draft", "none",
-                 "--max-tokens", "8", "--chat")
+    result = run(
+        "generate",
+        "--prompt",
+        "abc",
+        "--target",
+        tiny,
+        "--threads",
+        "1",
+        "--draft",
+        "none",
+        "--max-tokens",
+        "8",
+        "--chat",
+    )
     assert result.exit_code == 0, result.output
     assert "tokens/step" in result.output
 
@@ -74,8 +113,24 @@ def test_index_build_and_generate_with_datastore(tiny, tmp_path):
     result = run("index", "build", str(corpus), "--out", str(tmp_path / "ds"), "--target", tiny, "--glob", "*.py")
     assert result.exit_code == 0, result.output
     assert "2 documents" in result.output
-    result = run("generate", "--prompt", "def add(a, b):\n", "--target", tiny, "--threads", "1", "--draft", "none",
-                 "--datastore", str(tmp_path / "ds"), "--policy", "fixed", "--max-tokens", "10", "--json")
+    result = run(
+        "generate",
+        "--prompt",
+        "def add(a, b):\n",
+        "--target",
+        tiny,
+        "--threads",
+        "1",
+        "--draft",
+        "none",
+        "--datastore",
+        str(tmp_path / "ds"),
+        "--policy",
+        "fixed",
+        "--max-tokens",
+        "10",
+        "--json",
+    )
     assert result.exit_code == 0, result.output
     assert json.loads(result.output.strip().splitlines()[-1])["drafter_choices"]
 

@@ -53,8 +53,12 @@ def make_engine(policy=None):
 
 
 def generate(engine, prompt, constraint, speculation, drafters=None, n=80, **sampling):
-    return engine.generate(prompt_ids=prompt, sampling=SamplingParams(max_tokens=n, constraint=constraint, **sampling),
-                           speculation=speculation, drafters=drafters)
+    return engine.generate(
+        prompt_ids=prompt,
+        sampling=SamplingParams(max_tokens=n, constraint=constraint, **sampling),
+        speculation=speculation,
+        drafters=drafters,
+    )
 
 
 def reference_greedy(prompt, constraint, n=80):
@@ -99,8 +103,9 @@ def test_constrained_greedy_equivalence(name, drafter, k):
     engine = make_engine()
     for prompt in PROMPTS:
         expected = generate(engine, prompt, CONSTRAINTS[name], SpeculationConfig(enabled=False)).token_ids
-        result = generate(engine, prompt, CONSTRAINTS[name], SpeculationConfig(policy="fixed", max_draft_tokens=k),
-                          drafters=[drafter])
+        result = generate(
+            engine, prompt, CONSTRAINTS[name], SpeculationConfig(policy="fixed", max_draft_tokens=k), drafters=[drafter]
+        )
         assert result.token_ids == expected
         check_valid(engine, name, result)
         if drafter == "same":
@@ -108,8 +113,10 @@ def test_constrained_greedy_equivalence(name, drafter, k):
 
 
 def test_constrained_greedy_equivalence_auto():
-    auto = AutoPolicy(target_cost=CostCurve.linear(10.0, 1.0),
-                      draft_costs={"same": CostCurve.linear(0.5, 0.5), "related": CostCurve.linear(0.5, 0.5)})
+    auto = AutoPolicy(
+        target_cost=CostCurve.linear(10.0, 1.0),
+        draft_costs={"same": CostCurve.linear(0.5, 0.5), "related": CostCurve.linear(0.5, 0.5)},
+    )
     engine = make_engine(policy=auto)
     for name, constraint in CONSTRAINTS.items():
         for prompt in PROMPTS:
@@ -139,6 +146,7 @@ def test_draft_tokens_outside_the_grammar_are_cut_before_verification():
 
         def propose(self, context, max_tokens, grammar=None):
             from draftwise.types import Draft
+
             return Draft((0,) * max_tokens, source=self.name)  # EOS: never allowed mid-answer
 
         def accept(self, n):
@@ -168,23 +176,33 @@ def test_runaway_whitespace_is_impossible_in_json():
     assert isinstance(json.loads(text), dict)
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda: Constraint.json_schema('{"type": "object"'), "not valid JSON"),
-    (lambda: Constraint.json_schema("[1, 2]"), "must be an object"),
-    (lambda: Constraint.json_schema({"type": 5}), "type must be a string"),
-    (lambda: Constraint.regex("[a-"), "unclosed character class"),
-    (lambda: Constraint.grammar("start: undefined_rule"), "undefined_rule"),
-    (lambda: Constraint("xml", "<a/>"), "constraint kind must be one of"),
-    (lambda: Constraint.regex(""), "is empty"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: Constraint.json_schema('{"type": "object"'), "not valid JSON"),
+        (lambda: Constraint.json_schema("[1, 2]"), "must be an object"),
+        (lambda: Constraint.json_schema({"type": 5}), "type must be a string"),
+        (lambda: Constraint.regex("[a-"), "unclosed character class"),
+        (lambda: Constraint.grammar("start: undefined_rule"), "undefined_rule"),
+        (lambda: Constraint("xml", "<a/>"), "constraint kind must be one of"),
+        (lambda: Constraint.regex(""), "is empty"),
+    ],
+)
 def test_bad_constraints_fail_clearly_and_the_next_request_is_unconstrained(make, message):
     engine = make_engine()
     with pytest.raises(ConfigError, match=message):
         generate(engine, [1, 2], make(), SpeculationConfig(enabled=False))
-    plain = engine.generate(prompt_ids=[1, 2], sampling=SamplingParams(max_tokens=20),
-                            speculation=SpeculationConfig(enabled=False))
-    assert plain.token_ids == Engine(ToyBackend(TARGET)).generate(
-        prompt_ids=[1, 2], sampling=SamplingParams(max_tokens=20), speculation=SpeculationConfig(enabled=False)).token_ids
+    plain = engine.generate(
+        prompt_ids=[1, 2], sampling=SamplingParams(max_tokens=20), speculation=SpeculationConfig(enabled=False)
+    )
+    assert (
+        plain.token_ids
+        == Engine(ToyBackend(TARGET))
+        .generate(
+            prompt_ids=[1, 2], sampling=SamplingParams(max_tokens=20), speculation=SpeculationConfig(enabled=False)
+        )
+        .token_ids
+    )
 
 
 def test_constraint_errors_are_config_errors():

@@ -13,7 +13,10 @@ SPEC = SpeculationConfig(policy="fixed", max_draft_tokens=4)
 
 
 def make_engine(n_ctx=4096):
-    return Engine(ToyBackend(MODEL, n_ctx=n_ctx), [ModelDrafter(ToyBackend(ToyModel(vocab_size=40, order=1, seed=7)), name="draft")])
+    return Engine(
+        ToyBackend(MODEL, n_ctx=n_ctx),
+        [ModelDrafter(ToyBackend(ToyModel(vocab_size=40, order=1, seed=7)), name="draft")],
+    )
 
 
 def test_stream_pieces_join_to_text():
@@ -29,7 +32,9 @@ def test_stop_string_cuts_text_and_never_streams_it():
     engine = make_engine()
     full = engine.generate("hello", sampling=SamplingParams(max_tokens=60, ignore_eos=True), speculation=SPEC).text
     stop = full[20:23]
-    gen = engine.stream("hello", sampling=SamplingParams(max_tokens=60, ignore_eos=True, stop=(stop,)), speculation=SPEC)
+    gen = engine.stream(
+        "hello", sampling=SamplingParams(max_tokens=60, ignore_eos=True, stop=(stop,)), speculation=SPEC
+    )
     streamed = "".join(gen)
     assert streamed == gen.result.text == full[: full.index(stop)]
     assert gen.result.finish_reason == "stop"
@@ -55,8 +60,12 @@ def test_cancellation_stops_between_steps_and_next_request_is_clean():
     engine = make_engine()
     reference = engine.generate("abc", sampling=SamplingParams(max_tokens=30), speculation=SPEC)
     calls = []
-    gen = engine.stream("xyz", sampling=SamplingParams(max_tokens=30), speculation=SPEC,
-                        cancelled=lambda: calls.append(1) or len(calls) > 2)
+    gen = engine.stream(
+        "xyz",
+        sampling=SamplingParams(max_tokens=30),
+        speculation=SPEC,
+        cancelled=lambda: calls.append(1) or len(calls) > 2,
+    )
     list(gen)
     assert gen.result.finish_reason == "cancelled"
     again = engine.generate("abc", sampling=SamplingParams(max_tokens=30), speculation=SPEC)
@@ -69,7 +78,10 @@ def test_abandoned_stream_leaves_engine_usable():
     gen = engine.stream("qqq", sampling=SamplingParams(max_tokens=30), speculation=SPEC)
     next(gen)
     gen.close()
-    assert engine.generate("abc", sampling=SamplingParams(max_tokens=30), speculation=SPEC).token_ids == reference.token_ids
+    assert (
+        engine.generate("abc", sampling=SamplingParams(max_tokens=30), speculation=SPEC).token_ids
+        == reference.token_ids
+    )
 
 
 def test_failure_mid_request_resets_and_recovers():
@@ -98,8 +110,9 @@ def test_prompt_too_long_and_empty_prompt():
 
 def test_context_window_ends_generation_with_length():
     engine = make_engine(n_ctx=32)
-    result = engine.generate(prompt_ids=[1, 2, 3], sampling=SamplingParams(max_tokens=100, ignore_eos=True),
-                             speculation=SPEC)
+    result = engine.generate(
+        prompt_ids=[1, 2, 3], sampling=SamplingParams(max_tokens=100, ignore_eos=True), speculation=SPEC
+    )
     assert result.finish_reason == "length"
     assert len(result.token_ids) + 3 <= 33
 
@@ -118,11 +131,21 @@ def test_unknown_drafter_name_is_an_error():
 
 def test_metrics_definitions():
     engine = Engine(ToyBackend(MODEL), [ModelDrafter(ToyBackend(MODEL), name="draft")])
-    s = engine.generate(prompt_ids=[1, 2], sampling=SamplingParams(max_tokens=20, ignore_eos=True), speculation=SPEC).stats
+    s = engine.generate(
+        prompt_ids=[1, 2], sampling=SamplingParams(max_tokens=20, ignore_eos=True), speculation=SPEC
+    ).stats
     assert s.num_drafted == s.num_accepted  # same model: everything accepted
     assert s.tokens_per_step == s.num_generated / s.num_steps
     assert s.mean_accepted_tokens == s.num_accepted / s.num_steps_with_draft
     d = s.to_dict()
-    for key in ("num_drafted", "num_accepted", "num_steps", "acceptance_rate", "mean_accepted_tokens",
-                "tokens_per_step", "accepted_per_position", "tokens_per_second"):
+    for key in (
+        "num_drafted",
+        "num_accepted",
+        "num_steps",
+        "acceptance_rate",
+        "mean_accepted_tokens",
+        "tokens_per_step",
+        "accepted_per_position",
+        "tokens_per_second",
+    ):
         assert key in d

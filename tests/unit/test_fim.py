@@ -35,7 +35,8 @@ def test_a_model_without_fim_tokens_is_refused():
 def test_tokens_come_from_llamacpp_vocabulary_without_metadata(fim_tokenizer):
     tokens = require_fim_tokens(fim_tokenizer)
     assert (tokens.prefix, tokens.suffix, tokens.middle, tokens.pad, tokens.repo, tokens.file_sep) == tuple(
-        range(258, 264))
+        range(258, 264)
+    )
 
 
 def test_tokens_found_by_text_when_the_tokenizer_does_not_say(fim_tokenizer):
@@ -52,8 +53,10 @@ def test_single_file_prompt_is_prefix_suffix_middle(fim_tokenizer):
 
 def test_repo_level_prompt_is_llamacpp_layout(fim_tokenizer):
     ids = fim_prompt(fim_tokenizer, "x = ", "\n", prompt="y", extra=[("a.py", "y = 1\n"), ("", "z")]).ids
-    assert texts(fim_tokenizer, ids) == ("<|repo_name|>myproject\n<|file_sep|>a.py\ny = 1\n<|file_sep|>tmp\nz"
-                                         "<|file_sep|>filename\n<|fim_prefix|>x = y<|fim_suffix|>\n<|fim_middle|>")
+    assert texts(fim_tokenizer, ids) == (
+        "<|repo_name|>myproject\n<|file_sep|>a.py\ny = 1\n<|file_sep|>tmp\nz"
+        "<|file_sep|>filename\n<|fim_prefix|>x = y<|fim_suffix|>\n<|fim_middle|>"
+    )
 
 
 def test_code_holding_control_token_text_stays_text(fim_tokenizer):
@@ -71,15 +74,18 @@ def test_budget_cuts_as_llamacpp(fim_tokenizer):
     assert extra.num_extra_dropped == 1 + len("myproject\n") + 1 + len("f\n") + 10 + 1 + len("filename\n") - 8
 
 
-@pytest.mark.parametrize("text, n_indent, cut", [
-    ("x\n    y\n  z", 4, len("x\n    y\n  ")),
-    ("x\n    y\n    z", 4, None),
-    ("  first line is never checked", 4, None),
-    ("x\n\tq", 2, len("x\n\t")),
-    ("x\n    ", 8, None),  # the line has not begun
-    ("x\n\ny", 1, len("x\n")),  # an empty line ends it, as in llama.cpp
-    ("x\ny", 0, None),
-])
+@pytest.mark.parametrize(
+    "text, n_indent, cut",
+    [
+        ("x\n    y\n  z", 4, len("x\n    y\n  ")),
+        ("x\n    y\n    z", 4, None),
+        ("  first line is never checked", 4, None),
+        ("x\n\tq", 2, len("x\n\t")),
+        ("x\n    ", 8, None),  # the line has not begun
+        ("x\n\ny", 1, len("x\n")),  # an empty line ends it, as in llama.cpp
+        ("x\ny", 0, None),
+    ],
+)
 def test_indent_cut(text, n_indent, cut):
     assert indent_cut(text, n_indent) == cut
 
@@ -96,11 +102,16 @@ def test_sampling_follows_llamacpp_chain():
     assert infill_sampling(body(temperature=0.0, samplers=["temperature"]), 8).greedy
 
 
-@pytest.mark.parametrize("fields, bad", [
-    ({"repeat_penalty": 1.1}, "repeat_penalty"), ({"samplers": ["mirostat_v9"]}, "samplers"),
-    ({"grammar": "root ::= \"a\""}, "grammar"), ({"n_probs": 3}, "n_probs"),
-    ({"samplers": ["dry", "penalties", "infill"], "id_slot": 2, "n_keep": 4}, None),
-])
+@pytest.mark.parametrize(
+    "fields, bad",
+    [
+        ({"repeat_penalty": 1.1}, "repeat_penalty"),
+        ({"samplers": ["mirostat_v9"]}, "samplers"),
+        ({"grammar": 'root ::= "a"'}, "grammar"),
+        ({"n_probs": 3}, "n_probs"),
+        ({"samplers": ["dry", "penalties", "infill"], "id_slot": 2, "n_keep": 4}, None),
+    ],
+)
 def test_unsupported_fields(fields, bad):
     assert body(**fields).unsupported() == bad
 

@@ -34,8 +34,9 @@ def make_drafters():
 
 
 def plain(engine, prompt, n=60):
-    return engine.generate(prompt_ids=prompt, sampling=SamplingParams(max_tokens=n),
-                           speculation=SpeculationConfig(enabled=False)).token_ids
+    return engine.generate(
+        prompt_ids=prompt, sampling=SamplingParams(max_tokens=n), speculation=SpeculationConfig(enabled=False)
+    ).token_ids
 
 
 @pytest.mark.parametrize("drafter", ["same", "related", "unrelated", "ngram"])
@@ -44,9 +45,12 @@ def test_greedy_equivalence(drafter, k):
     engine = Engine(ToyBackend(TARGET), list(make_drafters().values()))
     for prompt in PROMPTS:
         expected = plain(engine, prompt)
-        result = engine.generate(prompt_ids=prompt, sampling=SamplingParams(max_tokens=60),
-                                 speculation=SpeculationConfig(policy="fixed", max_draft_tokens=k),
-                                 drafters=[drafter])
+        result = engine.generate(
+            prompt_ids=prompt,
+            sampling=SamplingParams(max_tokens=60),
+            speculation=SpeculationConfig(policy="fixed", max_draft_tokens=k),
+            drafters=[drafter],
+        )
         assert result.token_ids == expected
         stats = result.stats
         if drafter == "same":
@@ -60,20 +64,27 @@ def test_greedy_equivalence(drafter, k):
 @pytest.mark.parametrize("policy", ["heuristic", "auto"])
 def test_greedy_equivalence_adaptive_policies(policy):
     drafters = make_drafters()
-    auto = AutoPolicy(target_cost=CostCurve.linear(10.0, 1.0),
-                      draft_costs={name: CostCurve.linear(0.5, 0.5) for name in drafters})
+    auto = AutoPolicy(
+        target_cost=CostCurve.linear(10.0, 1.0), draft_costs={name: CostCurve.linear(0.5, 0.5) for name in drafters}
+    )
     engine = Engine(ToyBackend(TARGET), list(drafters.values()), policy=auto if policy == "auto" else None)
     for prompt in PROMPTS:
         expected = plain(engine, prompt)
-        result = engine.generate(prompt_ids=prompt, sampling=SamplingParams(max_tokens=60),
-                                 speculation=SpeculationConfig(policy=policy, max_draft_tokens=4))
+        result = engine.generate(
+            prompt_ids=prompt,
+            sampling=SamplingParams(max_tokens=60),
+            speculation=SpeculationConfig(policy=policy, max_draft_tokens=4),
+        )
         assert result.token_ids == expected
 
 
 def test_draft_equal_to_target_accepts_everything_with_bonus():
     engine = Engine(ToyBackend(TARGET), [ModelDrafter(ToyBackend(TARGET), name="draft")])
-    result = engine.generate(prompt_ids=[1, 2], sampling=SamplingParams(max_tokens=30, ignore_eos=True),
-                             speculation=SpeculationConfig(policy="fixed", max_draft_tokens=5))
+    result = engine.generate(
+        prompt_ids=[1, 2],
+        sampling=SamplingParams(max_tokens=30, ignore_eos=True),
+        speculation=SpeculationConfig(policy="fixed", max_draft_tokens=5),
+    )
     # 30 tokens in steps of 6 (5 accepted + 1 bonus): exactly 5 target forwards.
     assert result.stats.num_steps == 5
     assert result.stats.accepted_per_position == [1.0] * 5

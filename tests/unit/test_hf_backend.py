@@ -60,7 +60,7 @@ def reference_greedy(model, prompt, num_tokens) -> list[int]:
     ids = list(prompt)
     for _ in range(num_tokens):
         ids.append(int(reference_logits(model, ids)[-1].argmax()))
-    return ids[len(prompt):]
+    return ids[len(prompt) :]
 
 
 # ---------------------------------------------------------------------- cache semantics
@@ -88,15 +88,16 @@ def test_truncate_then_extend_equals_fresh_run(target_model):
         backend.truncate(len(kept))
         assert backend.cached_ids == kept
         got = backend.extend(new)
-        np.testing.assert_allclose(got, reference_logits(target_model, kept + new)[len(kept):], atol=1e-10)
+        np.testing.assert_allclose(got, reference_logits(target_model, kept + new)[len(kept) :], atol=1e-10)
 
 
 def test_sync_cache_reuses_the_shared_prefix(target_model):
     backend = HFBackend.from_model(target_model)
     backend.prefill(PROMPT)
     assert sync_cache(backend, PROMPT[:6] + [3, 4]) == 6
-    np.testing.assert_allclose(backend.extend([5]), reference_logits(target_model, PROMPT[:6] + [3, 4, 5])[-1:],
-                               atol=1e-10)
+    np.testing.assert_allclose(
+        backend.extend([5]), reference_logits(target_model, PROMPT[:6] + [3, 4, 5])[-1:], atol=1e-10
+    )
 
 
 def test_invalid_requests_raise_and_leave_the_cache_intact(target_model):
@@ -151,8 +152,12 @@ def greedy_reference(target_model):
 def test_greedy_speculative_equals_greedy_plain(engine, greedy_reference, drafter, k):
     greedy = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     plain = engine.generate(prompt_ids=PROMPT, sampling=greedy, speculation=PLAIN)
-    spec = engine.generate(prompt_ids=PROMPT, sampling=greedy, drafters=[drafter],
-                           speculation=SpeculationConfig(policy="fixed", max_draft_tokens=k))
+    spec = engine.generate(
+        prompt_ids=PROMPT,
+        sampling=greedy,
+        drafters=[drafter],
+        speculation=SpeculationConfig(policy="fixed", max_draft_tokens=k),
+    )
     assert plain.token_ids == greedy_reference
     assert spec.token_ids == greedy_reference
     assert spec.stats.num_drafted > 0
@@ -161,8 +166,12 @@ def test_greedy_speculative_equals_greedy_plain(engine, greedy_reference, drafte
 def test_the_draft_model_is_accepted_and_rejected(engine, greedy_reference):
     # Both verification paths must run, or the equivalence test above proves little.
     greedy = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
-    spec = engine.generate(prompt_ids=PROMPT, sampling=greedy, drafters=["draft"],
-                           speculation=SpeculationConfig(policy="heuristic", max_draft_tokens=4))
+    spec = engine.generate(
+        prompt_ids=PROMPT,
+        sampling=greedy,
+        drafters=["draft"],
+        speculation=SpeculationConfig(policy="heuristic", max_draft_tokens=4),
+    )
     assert spec.token_ids == greedy_reference
     assert 0 < spec.stats.num_accepted < spec.stats.num_drafted
 
@@ -222,8 +231,9 @@ def test_gguf_through_transformers_matches_the_source_model(gguf_pair, target_mo
     assert tok.encode(chat)[:1] == [260]  # special-token text maps to the control token
     # f32 weights in the file: equal to the float64 source up to float32 rounding.
     np.testing.assert_allclose(backend.extend(PROMPT), reference_logits(target_model, PROMPT), atol=1e-4)
-    result = Engine(backend).generate(messages=[{"role": "user", "content": "the cat"}],
-                                      sampling=SamplingParams(max_tokens=8), speculation=PLAIN)
+    result = Engine(backend).generate(
+        messages=[{"role": "user", "content": "the cat"}], sampling=SamplingParams(max_tokens=8), speculation=PLAIN
+    )
     assert len(result.token_ids) <= 8 and isinstance(result.text, str)
 
 
@@ -239,8 +249,9 @@ def test_transformers_target_with_a_llamacpp_draft(gguf_pair, target_model):
         greedy = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
         expected = engine.generate(prompt_ids=PROMPT, sampling=greedy, speculation=PLAIN).token_ids
         for k in (1, 4):
-            spec = engine.generate(prompt_ids=PROMPT, sampling=greedy,
-                                   speculation=SpeculationConfig(policy="fixed", max_draft_tokens=k))
+            spec = engine.generate(
+                prompt_ids=PROMPT, sampling=greedy, speculation=SpeculationConfig(policy="fixed", max_draft_tokens=k)
+            )
             assert spec.token_ids == expected
             assert spec.stats.num_accepted > 0
     finally:
@@ -293,13 +304,17 @@ def test_the_server_answers_from_a_transformers_target(gguf_pair):
 
     from draftwise.server import create_app
 
-    engine = Engine(HFBackend(gguf_pair[0], dtype="float64"), [NgramDrafter(1, 3)],
-                    speculation=SpeculationConfig(policy="fixed", max_draft_tokens=4))
+    engine = Engine(
+        HFBackend(gguf_pair[0], dtype="float64"),
+        [NgramDrafter(1, 3)],
+        speculation=SpeculationConfig(policy="fixed", max_draft_tokens=4),
+    )
     messages = [{"role": "user", "content": "the cat, the cat"}]
     expected = engine.generate(messages=messages, sampling=SamplingParams(max_tokens=12), speculation=PLAIN)
     with TestClient(create_app(engine, "tiny")) as client:
-        response = client.post("/v1/chat/completions", json={"model": "tiny", "messages": messages,
-                                                              "max_tokens": 12, "temperature": 0})
+        response = client.post(
+            "/v1/chat/completions", json={"model": "tiny", "messages": messages, "max_tokens": 12, "temperature": 0}
+        )
     assert expected.text and response.status_code == 200, response.text
     assert response.json()["choices"][0]["message"]["content"] == expected.text
 
@@ -320,6 +335,7 @@ def test_the_server_batches_concurrent_streams_on_a_transformers_target(gguf_pai
     prompts = ["the cat, the cat", "the the the", "cat, cat, the cat, the"]
     body = {"model": MODEL, "max_tokens": 16, "temperature": 0, "ignore_eos": True}
     with LiveServer(engine) as live:
+
         async def scenario():
             async with httpx.AsyncClient(timeout=60) as client:
                 return await asyncio.gather(*(stream_text(client, live.url, {**body, "prompt": p}) for p in prompts))
@@ -342,7 +358,11 @@ def test_constrained_greedy_on_transformers(gguf_pair, drafter):
     engine = Engine(target, [ModelDrafter(draft), NgramDrafter(1, 3)])
     sampling = SamplingParams(max_tokens=30, constraint=Constraint.regex(r"the (cat|dog)(, the (cat|dog)){2,4}\."))
     plain = engine.generate(prompt_ids=PROMPT, sampling=sampling, speculation=PLAIN)
-    spec = engine.generate(prompt_ids=PROMPT, sampling=sampling, drafters=[drafter],
-                           speculation=SpeculationConfig(policy="fixed", max_draft_tokens=3))
+    spec = engine.generate(
+        prompt_ids=PROMPT,
+        sampling=sampling,
+        drafters=[drafter],
+        speculation=SpeculationConfig(policy="fixed", max_draft_tokens=3),
+    )
     assert re.fullmatch(r"the (cat|dog)(, the (cat|dog)){2,4}\.", plain.text), plain.text
     assert spec.token_ids == plain.token_ids and spec.stats.num_forced_tokens > 0

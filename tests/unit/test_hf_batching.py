@@ -113,12 +113,22 @@ def make_engine(target_model, slots: int) -> Engine:
 
 def test_batched_greedy_equals_single_request(target_model):
     single = make_engine(target_model, 1)
-    expected = [single.generate(prompt_ids=p, sampling=SamplingParams(max_tokens=n, ignore_eos=True),
-                                speculation=s, drafters=d).token_ids for p, n, s, d in REQUESTS]
+    expected = [
+        single.generate(
+            prompt_ids=p, sampling=SamplingParams(max_tokens=n, ignore_eos=True), speculation=s, drafters=d
+        ).token_ids
+        for p, n, s, d in REQUESTS
+    ]
     engine = make_engine(target_model, 3)
     batcher = Batcher(engine, prefill_chunk=4)
-    results = batcher.run([engine.stream(prompt_ids=p, sampling=SamplingParams(max_tokens=n, ignore_eos=True),
-                                         speculation=s, drafters=d) for p, n, s, d in REQUESTS])  # 5 through 3 slots
+    results = batcher.run(
+        [
+            engine.stream(
+                prompt_ids=p, sampling=SamplingParams(max_tokens=n, ignore_eos=True), speculation=s, drafters=d
+            )
+            for p, n, s, d in REQUESTS
+        ]
+    )  # 5 through 3 slots
     assert [r.token_ids for r in results] == expected
     assert engine.target.num_batches > 0 and sum(r.stats.num_drafted for r in results) > 0
     assert batcher.num_free == 3

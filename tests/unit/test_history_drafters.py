@@ -113,13 +113,17 @@ def test_greedy_equivalence_with_history_drafters(tmp_path):
     build_datastore([("t", "abcabcabdabc")], lambda text: [ord(c) - 96 for c in text], tmp_path / "ds")
     engine = Engine(ToyBackend(model), [SuffixDrafter(), DatastoreDrafter(tmp_path / "ds")])
     for prompt in ([1, 2, 3, 1, 2, 3, 1, 2], [4, 5, 6, 4, 5]):
-        plain = engine.generate(prompt_ids=prompt, sampling=SamplingParams(max_tokens=50),
-                                speculation=SpeculationConfig(enabled=False)).token_ids
+        plain = engine.generate(
+            prompt_ids=prompt, sampling=SamplingParams(max_tokens=50), speculation=SpeculationConfig(enabled=False)
+        ).token_ids
         for name in ("suffix", "datastore"):
             for k in (1, 2, 5):
-                got = engine.generate(prompt_ids=prompt, sampling=SamplingParams(max_tokens=50),
-                                      speculation=SpeculationConfig(policy="fixed", max_draft_tokens=k),
-                                      drafters=[name])
+                got = engine.generate(
+                    prompt_ids=prompt,
+                    sampling=SamplingParams(max_tokens=50),
+                    speculation=SpeculationConfig(policy="fixed", max_draft_tokens=k),
+                    drafters=[name],
+                )
                 assert got.token_ids == plain
 
 
@@ -128,7 +132,10 @@ def test_tree_commits_the_second_branch_when_only_it_matches():
     from draftwise.types import TreeDraft
     from draftwise.verify import greedy_verify_tree
 
-    assert greedy_verify_tree([[5, 6], [5, 7]], [[5, 9, 1], [5, 7, 3]]) == (1, __import__("draftwise.types").types.Verdict(2, 3))
+    assert greedy_verify_tree([[5, 6], [5, 7]], [[5, 9, 1], [5, 7, 3]]) == (
+        1,
+        __import__("draftwise.types").types.Verdict(2, 3),
+    )
     model = ToyModel(vocab_size=24, order=2, seed=1, sharpness=3.0)
     backend = ToyBackend(model)
     prompt = [1, 2, 3]
@@ -153,10 +160,14 @@ def test_tree_greedy_equivalence_toy(branches):
 
     engine = Engine(ToyBackend(model), [NgramDrafter(1, 2)])
     prompt = [1, 2, 3, 1, 2, 4, 1, 2, 5, 1, 2]
-    plain = engine.generate(prompt_ids=prompt, sampling=SamplingParams(max_tokens=60),
-                            speculation=SpeculationConfig(enabled=False)).token_ids
-    tree = engine.generate(prompt_ids=prompt, sampling=SamplingParams(max_tokens=60),
-                           speculation=SpeculationConfig(policy="fixed", max_draft_tokens=4, max_branches=branches))
+    plain = engine.generate(
+        prompt_ids=prompt, sampling=SamplingParams(max_tokens=60), speculation=SpeculationConfig(enabled=False)
+    ).token_ids
+    tree = engine.generate(
+        prompt_ids=prompt,
+        sampling=SamplingParams(max_tokens=60),
+        speculation=SpeculationConfig(policy="fixed", max_draft_tokens=4, max_branches=branches),
+    )
     assert tree.token_ids == plain
     assert tree.stats.num_tree_steps > 0
 
@@ -177,8 +188,11 @@ def test_trees_fall_back_to_chains_when_sampling():
     from draftwise.drafters import NgramDrafter
 
     engine = Engine(ToyBackend(ToyModel(vocab_size=12, order=2, seed=4)), [NgramDrafter(1, 2)])
-    result = engine.generate(prompt_ids=[1, 2, 3, 1, 2, 4, 1, 2], sampling=SamplingParams(temperature=1.0, seed=3, max_tokens=40),
-                             speculation=SpeculationConfig(policy="fixed", max_draft_tokens=4, max_branches=3))
+    result = engine.generate(
+        prompt_ids=[1, 2, 3, 1, 2, 4, 1, 2],
+        sampling=SamplingParams(temperature=1.0, seed=3, max_tokens=40),
+        speculation=SpeculationConfig(policy="fixed", max_draft_tokens=4, max_branches=3),
+    )
     assert result.stats.num_tree_steps == 0 and result.stats.num_drafted > 0
 
 
@@ -188,8 +202,7 @@ def _longest_suffix_in(context, docs, min_n, cap):
     best, where = 0, []
     for n in range(min_n, min(cap, len(context)) + 1):
         pattern = context[-n:]
-        found = [(d, i + n) for d, doc in enumerate(docs) for i in range(len(doc) - n)
-                 if doc[i : i + n] == pattern]
+        found = [(d, i + n) for d, doc in enumerate(docs) for i in range(len(doc) - n) if doc[i : i + n] == pattern]
         if found:
             best, where = n, found
     return best, where
@@ -215,7 +228,9 @@ def test_suffix_match_length_equals_brute_force(history, context):
     past, _ = _longest_suffix_in(context, history, 2, 64)
     expected = live if live and live + LIVE_BONUS >= past else past
     assert length == expected
-    assert drafter.last_kind == ("" if not expected else "live" if expected == live and live + LIVE_BONUS >= past else "history")
+    assert drafter.last_kind == (
+        "" if not expected else "live" if expected == live and live + LIVE_BONUS >= past else "history"
+    )
 
 
 @settings(max_examples=60, deadline=None)

@@ -66,14 +66,20 @@ class FailingGrammar(Grammar):
 
 
 def make_engine(slots: int) -> Engine:
-    drafters = [NgramDrafter(1, 3), SuffixDrafter(), ModelDrafter(ToyBackend(DRAFT, slots=slots, name="draft"), name="draft"),
-                RaisingDrafter()]
+    drafters = [
+        NgramDrafter(1, 3),
+        SuffixDrafter(),
+        ModelDrafter(ToyBackend(DRAFT, slots=slots, name="draft"), name="draft"),
+        RaisingDrafter(),
+    ]
     return Engine(ToyBackend(TARGET, slots=slots, name="target"), drafters)
 
 
 def bystanders(engine: Engine) -> list:
-    return [engine.stream(prompt_ids=p, sampling=SamplingParams(max_tokens=40, ignore_eos=True), speculation=s, drafters=d)
-            for p, s, d in zip(PROMPTS, SPECULATIONS, DRAFTERS)]
+    return [
+        engine.stream(prompt_ids=p, sampling=SamplingParams(max_tokens=40, ignore_eos=True), speculation=s, drafters=d)
+        for p, s, d in zip(PROMPTS, SPECULATIONS, DRAFTERS)
+    ]
 
 
 def single_answers() -> list[list[int]]:
@@ -105,8 +111,12 @@ def run_beside(victim_of, steps_before: int = 0):
 
 def test_a_constraint_failing_mid_decoding_ends_its_request_alone():
     def victim_of(engine):
-        gen = engine.stream(prompt_ids=[4, 4, 4], sampling=SamplingParams(max_tokens=40, constraint=Constraint.regex("[a-z ]{0,60}")),
-                            speculation=SpeculationConfig(policy="fixed", max_draft_tokens=3), drafters=["ngram"])
+        gen = engine.stream(
+            prompt_ids=[4, 4, 4],
+            sampling=SamplingParams(max_tokens=40, constraint=Constraint.regex("[a-z ]{0,60}")),
+            speculation=SpeculationConfig(policy="fixed", max_draft_tokens=3),
+            drafters=["ngram"],
+        )
         gen.request = replace(gen.request, grammar=FailingGrammar(gen.request.grammar, after=3))
         return gen
 
@@ -118,15 +128,23 @@ def test_a_constraint_failing_mid_decoding_ends_its_request_alone():
 
 def test_a_drafter_that_raises_ends_its_request_alone():
     def victim_of(engine):
-        return engine.stream(prompt_ids=[7, 7, 7, 7], sampling=SamplingParams(max_tokens=40, ignore_eos=True),
-                             speculation=SpeculationConfig(policy="fixed", max_draft_tokens=3), drafters=["boom"])
+        return engine.stream(
+            prompt_ids=[7, 7, 7, 7],
+            sampling=SamplingParams(max_tokens=40, ignore_eos=True),
+            speculation=SpeculationConfig(policy="fixed", max_draft_tokens=3),
+            drafters=["boom"],
+        )
 
     gens, victim, events, engine = run_beside(victim_of)
     assert isinstance(events[-1], Failed) and isinstance(events[-1].error, Boom)
     assert [g.result.token_ids for g in gens] == single_answers()
     # The engine serves the next request in the failed request's slot as if nothing happened.
-    again = engine.generate(prompt_ids=PROMPTS[1], sampling=SamplingParams(max_tokens=40, ignore_eos=True),
-                            speculation=SPECULATIONS[1], drafters=DRAFTERS[1])
+    again = engine.generate(
+        prompt_ids=PROMPTS[1],
+        sampling=SamplingParams(max_tokens=40, ignore_eos=True),
+        speculation=SPECULATIONS[1],
+        drafters=DRAFTERS[1],
+    )
     assert again.token_ids == single_answers()[1]
 
 
@@ -138,8 +156,12 @@ def test_a_request_cancelled_mid_run_ends_alone():
         return flag["steps"] > 5
 
     def victim_of(engine):
-        return engine.stream(prompt_ids=[3, 3], sampling=SamplingParams(max_tokens=200, ignore_eos=True),
-                             drafters=["ngram", "suffix"], cancelled=cancelled)
+        return engine.stream(
+            prompt_ids=[3, 3],
+            sampling=SamplingParams(max_tokens=200, ignore_eos=True),
+            drafters=["ngram", "suffix"],
+            cancelled=cancelled,
+        )
 
     gens, victim, events, _ = run_beside(victim_of)
     assert isinstance(events[-1], Done) and victim.result.finish_reason == "cancelled"
@@ -158,14 +180,22 @@ def test_a_joint_plan_that_fails_falls_back_to_planning_alone(monkeypatch):
     assert isinstance(events[-1], Done) and victim.result.token_ids == single_answers()[1]
 
 
-@pytest.mark.parametrize("constraint", [Constraint.regex("[^\\x00-\\U0010FFFF]"),
-                                        Constraint.grammar('start: /[^\\x00-\\U0010FFFF]/')])
+@pytest.mark.parametrize(
+    "constraint", [Constraint.regex("[^\\x00-\\U0010FFFF]"), Constraint.grammar("start: /[^\\x00-\\U0010FFFF]/")]
+)
 def test_a_constraint_that_admits_no_answer_is_refused_before_it_runs(constraint):
     engine = make_engine(1)
     with pytest.raises(ConstraintError, match="no answer|Unsatisfiable|cannot be followed"):
         engine.stream(prompt_ids=[1, 2], sampling=SamplingParams(max_tokens=8, constraint=constraint))
-    assert engine.generate(prompt_ids=PROMPTS[0], sampling=SamplingParams(max_tokens=40, ignore_eos=True),
-                           speculation=SPECULATIONS[0], drafters=DRAFTERS[0]).token_ids == single_answers()[0]
+    assert (
+        engine.generate(
+            prompt_ids=PROMPTS[0],
+            sampling=SamplingParams(max_tokens=40, ignore_eos=True),
+            speculation=SPECULATIONS[0],
+            drafters=DRAFTERS[0],
+        ).token_ids
+        == single_answers()[0]
+    )
 
 
 def test_a_matcher_error_while_computing_a_mask_raises_instead_of_ending_the_answer():

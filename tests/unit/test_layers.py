@@ -20,13 +20,25 @@ SRC = Path(__file__).parents[2] / "src" / "draftwise"
 # or gone); a module no name covers fails the test until it is placed.
 LAYERS: dict[str, int] = {
     # 0: the data contract and the error types
-    "errors": 0, "types": 0, "constraint": 0,
+    "errors": 0,
+    "types": 0,
+    "constraint": 0,
     # 1: pure functions over that data, and leaves with no model behind them
-    "sampling": 1, "verify": 1, "metrics": 1, "models": 1, "constraints": 1,
+    "sampling": 1,
+    "verify": 1,
+    "metrics": 1,
+    "models": 1,
+    "constraints": 1,
     # 2: the seams' implementations; calibrate times a Backend, and the auto policy reads it
-    "backends": 2, "drafters": 2, "policy": 2, "calibrate": 2, "fim": 2, "tools": 2,
+    "backends": 2,
+    "drafters": 2,
+    "policy": 2,
+    "calibrate": 2,
+    "fim": 2,
+    "tools": 2,
     # 3: one request's state, and one step over a batch of them
-    "step": 3, "request": 3,
+    "step": 3,
+    "request": 3,
     # 4: the loop over slots that calls the step (a request alone is a batch of one)
     "batching": 4,
     # 5: the engine: generate() and stream() over that loop
@@ -34,7 +46,9 @@ LAYERS: dict[str, int] = {
     # 6: what loads models and drafters into an engine
     "loading": 6,
     # 7: clients of the public API
-    "server": 7, "bench": 7, "cli": 7,
+    "server": 7,
+    "bench": 7,
+    "cli": 7,
 }
 
 
@@ -50,7 +64,8 @@ def modules(root: Path) -> dict[str, Path]:
 
 def _is_type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _nodes(tree: ast.AST):
@@ -84,8 +99,9 @@ def imports(name: str, path: Path, known: set[str], package: str) -> list[tuple[
                 base = ".".join([*anchor, base] if base else anchor)
             # A name from a module is that module; from a package, its submodule if there is one;
             # from the top package, which has no __init__, it can only be a module.
-            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known or base == package else base
-                       for a in node.names]
+            targets = [
+                f"{base}.{a.name}" if f"{base}.{a.name}" in known or base == package else base for a in node.names
+            ]
         else:
             continue
         for target in targets:
@@ -174,8 +190,11 @@ def _path_through(component: list[str], edges: dict[str, list[tuple[str, int]]])
 def violations(root: Path, layers: dict[str, int]) -> list[str]:
     """One line per broken rule: unplaced modules, upward imports, circles."""
     paths, edges = modules(root), graph(root)
-    problems = [f"{name}: in no layer; place it in LAYERS (tests/unit/test_layers.py)"
-                for name in edges if name != root.name and layer(name, layers) is None]
+    problems = [
+        f"{name}: in no layer; place it in LAYERS (tests/unit/test_layers.py)"
+        for name in edges
+        if name != root.name and layer(name, layers) is None
+    ]
     for name, targets in edges.items():
         own, rel = layer(name, layers), paths[name].relative_to(root.parent)
         for target, line in targets:
@@ -224,35 +243,48 @@ def test_checker_finds_an_upward_import_inside_a_function(tmp_path):
 
 
 def test_checker_skips_type_checking_imports_only(tmp_path):
-    root = write(tmp_path, {
-        "low.py": """\
+    root = write(
+        tmp_path,
+        {
+            "low.py": """\
             from typing import TYPE_CHECKING
             if TYPE_CHECKING:
                 from pkg.high import g
             else:
                 from pkg.mid import h
             """,
-        "mid.py": "", "high.py": "from pkg import low\n"})
+            "mid.py": "",
+            "high.py": "from pkg import low\n",
+        },
+    )
     problems = violations(root, TOY_LAYERS)
     assert len(problems) == 1 and "pkg/low.py:5" in problems[0] and "pkg.mid" in problems[0], problems
 
 
 def test_checker_treats_a_package_init_as_the_package(tmp_path):
-    root = write(tmp_path, {
-        "sub/__init__.py": "from pkg.sub.a import x\n",
-        "sub/a.py": "from pkg.sub.b import y\n",
-        "sub/b.py": "from pkg.sub import x\n",  # back to the package: a circle through __init__
-        "low.py": "", "mid.py": "from . import low\n"})
+    root = write(
+        tmp_path,
+        {
+            "sub/__init__.py": "from pkg.sub.a import x\n",
+            "sub/a.py": "from pkg.sub.b import y\n",
+            "sub/b.py": "from pkg.sub import x\n",  # back to the package: a circle through __init__
+            "low.py": "",
+            "mid.py": "from . import low\n",
+        },
+    )
     problems = violations(root, TOY_LAYERS)
     assert problems == ["import circle: pkg.sub -> pkg.sub.a -> pkg.sub.b -> pkg.sub"], problems
     assert {t for t, _ in graph(root)["pkg.mid"]} == {"pkg.low"}  # `from . import low`: the module
 
 
 def test_checker_finds_an_import_of_a_missing_module(tmp_path):
-    root = write(tmp_path, {
-        "low.py": "", "mid.py": "def f():\n    from pkg.gone import g\n    from pkg import low, lost\n"})
-    assert violations(root, TOY_LAYERS) == ["pkg/mid.py:2: pkg.mid imports pkg.gone, which does not exist",
-                                            "pkg/mid.py:3: pkg.mid imports pkg.lost, which does not exist"]
+    root = write(
+        tmp_path, {"low.py": "", "mid.py": "def f():\n    from pkg.gone import g\n    from pkg import low, lost\n"}
+    )
+    assert violations(root, TOY_LAYERS) == [
+        "pkg/mid.py:2: pkg.mid imports pkg.gone, which does not exist",
+        "pkg/mid.py:3: pkg.mid imports pkg.lost, which does not exist",
+    ]
 
 
 def test_checker_asks_to_place_an_unknown_module(tmp_path):
@@ -260,7 +292,9 @@ def test_checker_asks_to_place_an_unknown_module(tmp_path):
     assert violations(root, TOY_LAYERS) == ["pkg.stray: in no layer; place it in LAYERS (tests/unit/test_layers.py)"]
 
 
-@pytest.mark.parametrize("name, expected", [("draftwise.policy.auto", 2), ("draftwise.server", 7),
-                                            ("draftwise.types", 0), ("draftwise.nowhere", None)])
+@pytest.mark.parametrize(
+    "name, expected",
+    [("draftwise.policy.auto", 2), ("draftwise.server", 7), ("draftwise.types", 0), ("draftwise.nowhere", None)],
+)
 def test_layer_of_a_module(name, expected):
     assert layer(name, LAYERS) == expected

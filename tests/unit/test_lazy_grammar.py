@@ -38,15 +38,22 @@ def biased(context):
 
 
 def make_engine(policy=None):
-    drafters = [ModelDrafter(ToyBackend(logits_fn=biased, vocab_size=VOCAB, name="same"), name="same"),
-                ModelDrafter(ToyBackend(ToyModel(vocab_size=VOCAB, order=1, seed=5, sharpness=3.0)), name="related"),
-                NgramDrafter(1, 3), GrammarDrafter()]
+    drafters = [
+        ModelDrafter(ToyBackend(logits_fn=biased, vocab_size=VOCAB, name="same"), name="same"),
+        ModelDrafter(ToyBackend(ToyModel(vocab_size=VOCAB, order=1, seed=5, sharpness=3.0)), name="related"),
+        NgramDrafter(1, 3),
+        GrammarDrafter(),
+    ]
     return Engine(ToyBackend(logits_fn=biased, vocab_size=VOCAB), drafters, policy=policy)
 
 
 def generate(engine, prompt, speculation, drafters=None, constraint=LAZY, n=60):
-    return engine.generate(prompt_ids=prompt, sampling=SamplingParams(max_tokens=n, constraint=constraint),
-                           speculation=speculation, drafters=drafters)
+    return engine.generate(
+        prompt_ids=prompt,
+        sampling=SamplingParams(max_tokens=n, constraint=constraint),
+        speculation=speculation,
+        drafters=drafters,
+    )
 
 
 def reference_greedy(prompt, constraint=LAZY, n=60):
@@ -98,8 +105,10 @@ def test_lazy_greedy_equivalence(drafter, k):
 
 
 def test_lazy_greedy_equivalence_auto():
-    auto = AutoPolicy(target_cost=CostCurve.linear(10.0, 1.0),
-                      draft_costs={"same": CostCurve.linear(0.5, 0.5), "related": CostCurve.linear(0.5, 0.5)})
+    auto = AutoPolicy(
+        target_cost=CostCurve.linear(10.0, 1.0),
+        draft_costs={"same": CostCurve.linear(0.5, 0.5), "related": CostCurve.linear(0.5, 0.5)},
+    )
     engine = make_engine(policy=auto)
     for prompt in PROMPTS:
         assert generate(engine, prompt, SpeculationConfig(policy="auto")).token_ids == reference_greedy(prompt)
@@ -140,7 +149,7 @@ def test_tool_choice_none_forbids_the_trigger():
     for prompt in PROMPTS:
         for spec in (SpeculationConfig(enabled=False), SpeculationConfig(policy="fixed", max_draft_tokens=4)):
             ids = generate(engine, prompt, spec, ["same"], Constraint.without(TRIGGER)).token_ids
-            assert all(ids[i:i + 2] != [HASH, LT] for i in range(len(ids)))
+            assert all(ids[i : i + 2] != [HASH, LT] for i in range(len(ids)))
 
 
 def test_lazy_constraints_validate():

@@ -19,15 +19,18 @@ from draftwise.types import SamplingParams, SpeculationConfig
 TARGET = ToyModel(vocab_size=12, order=2, seed=3, sharpness=1.5, eos_bias=-2.0)
 DRAFT = ToyModel(vocab_size=12, order=1, seed=4, sharpness=1.5, eos_bias=-2.0)
 PROMPT = [1, 2, 3, 1, 2, 3, 1, 2]
-SPECS = {"plain": (SpeculationConfig(enabled=False), None),
-         "draft": (SpeculationConfig(policy="fixed", max_draft_tokens=3), ["draft"]),
-         "ngram": (SpeculationConfig(policy="fixed", max_draft_tokens=4), ["ngram"]),
-         "grammar": (SpeculationConfig(policy="fixed", max_draft_tokens=4), ["grammar"])}
+SPECS = {
+    "plain": (SpeculationConfig(enabled=False), None),
+    "draft": (SpeculationConfig(policy="fixed", max_draft_tokens=3), ["draft"]),
+    "ngram": (SpeculationConfig(policy="fixed", max_draft_tokens=4), ["ngram"]),
+    "grammar": (SpeculationConfig(policy="fixed", max_draft_tokens=4), ["grammar"]),
+}
 
 
 def engine() -> Engine:
-    return Engine(ToyBackend(TARGET), [ModelDrafter(ToyBackend(DRAFT), name="draft"), NgramDrafter(1, 3),
-                                       GrammarDrafter()])
+    return Engine(
+        ToyBackend(TARGET), [ModelDrafter(ToyBackend(DRAFT), name="draft"), NgramDrafter(1, 3), GrammarDrafter()]
+    )
 
 
 def reference(model, context, tokens, num_top):
@@ -59,8 +62,9 @@ def test_logprobs_by_example():
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_every_token_reports_its_own_row(name, temperature):
     spec, drafters = SPECS[name]
-    sp = SamplingParams(temperature=temperature, seed=7, max_tokens=40, ignore_eos=True, logprobs=3,
-                        frequency_penalty=0.3)  # the penalty changes sampling, never the reported row
+    sp = SamplingParams(
+        temperature=temperature, seed=7, max_tokens=40, ignore_eos=True, logprobs=3, frequency_penalty=0.3
+    )  # the penalty changes sampling, never the reported row
     result = engine().generate(prompt_ids=PROMPT, sampling=sp, speculation=spec, drafters=drafters)
     assert len(result.logprobs) == len(result.token_ids) == 40
     assert_close(result.logprobs, reference(TARGET, PROMPT, result.token_ids, 3))
@@ -69,9 +73,12 @@ def test_every_token_reports_its_own_row(name, temperature):
 
 
 def test_greedy_speculative_logprobs_equal_plain():
-    results = {name: engine().generate(prompt_ids=PROMPT, sampling=SamplingParams(max_tokens=30, logprobs=5),
-                                       speculation=spec, drafters=drafters)
-               for name, (spec, drafters) in SPECS.items()}
+    results = {
+        name: engine().generate(
+            prompt_ids=PROMPT, sampling=SamplingParams(max_tokens=30, logprobs=5), speculation=spec, drafters=drafters
+        )
+        for name, (spec, drafters) in SPECS.items()
+    }
     for name, result in results.items():
         assert result.token_ids == results["plain"].token_ids, name
         assert_close(result.logprobs, results["plain"].logprobs)
@@ -82,8 +89,9 @@ def test_grammar_forced_tokens_get_their_rows(name):
     """'c' after a letter and the closing "k" are forced; speculation commits them with no
     decision, yet each reports the model's own logprob there (not 0)."""
     spec, drafters = SPECS[name]
-    sp = SamplingParams(temperature=1.0, seed=3, max_tokens=20, logprobs=2,
-                        constraint=Constraint.regex("[ab]cc[a-d]{2}k"))
+    sp = SamplingParams(
+        temperature=1.0, seed=3, max_tokens=20, logprobs=2, constraint=Constraint.regex("[ab]cc[a-d]{2}k")
+    )
     result = engine().generate(prompt_ids=PROMPT, sampling=sp, speculation=spec, drafters=drafters)
     assert len(result.token_ids) == 6 and result.finish_reason == "stop"
     assert_close(result.logprobs, reference(TARGET, PROMPT, result.token_ids, 2))
@@ -106,9 +114,12 @@ def test_prompt_logprobs_in_chunks_beside_other_requests():
     eng = Engine(ToyBackend(TARGET, slots=2), [])
     batcher = Batcher(eng, prefill_chunk=3)
     long_prompt = (PROMPT * 3)[:20]
-    results = batcher.run([eng.stream(prompt_ids=PROMPT, sampling=SamplingParams(max_tokens=10)),
-                           eng.stream(prompt_ids=long_prompt, sampling=SamplingParams(max_tokens=2, prompt_logprobs=0,
-                                                                                      logprobs=0))])
+    results = batcher.run(
+        [
+            eng.stream(prompt_ids=PROMPT, sampling=SamplingParams(max_tokens=10)),
+            eng.stream(prompt_ids=long_prompt, sampling=SamplingParams(max_tokens=2, prompt_logprobs=0, logprobs=0)),
+        ]
+    )
     assert_close(results[1].prompt_logprobs, reference(TARGET, long_prompt[:1], long_prompt[1:], 0))
     assert_close(results[1].logprobs, reference(TARGET, long_prompt, results[1].token_ids, 0))
 

@@ -17,8 +17,14 @@ def fake_model(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     parts = [b"GGUF" + bytes(range(256)) * 40, bytes(reversed(range(256))) * 30]
     data = b"".join(parts)
-    spec = models.ModelSpec(name="fake", size=len(data), sha256=hashlib.sha256(data).hexdigest(),
-                            package_prefix="fake-part", num_parts=2, version="1.0")
+    spec = models.ModelSpec(
+        name="fake",
+        size=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+        package_prefix="fake-part",
+        num_parts=2,
+        version="1.0",
+    )
     monkeypatch.setitem(models.REGISTRY, "fake", spec)
     downloads = []
 
@@ -63,8 +69,13 @@ def test_concurrent_pulls_fetch_once(fake_model):
 
 def test_a_corrupt_download_is_refused_and_leaves_nothing(fake_model, monkeypatch):
     data, downloads = fake_model
-    monkeypatch.setitem(models.REGISTRY, "fake", models.ModelSpec(
-        name="fake", size=len(data), sha256="0" * 64, package_prefix="fake-part", num_parts=2, version="1.0"))
+    monkeypatch.setitem(
+        models.REGISTRY,
+        "fake",
+        models.ModelSpec(
+            name="fake", size=len(data), sha256="0" * 64, package_prefix="fake-part", num_parts=2, version="1.0"
+        ),
+    )
     with pytest.raises(models.ModelError, match="failed verification"):
         models.pull("fake")
     assert not models.model_path("fake").exists() and not models.is_pulled("fake")

@@ -14,8 +14,15 @@ from draftwise.types import SpeculationConfig, StepStats
 
 
 def step(drafter, drafted, accepted, verify_ms=10.0, draft_ms=0.0, k=None):
-    return StepStats(drafter=drafter, num_drafted=drafted, num_accepted=accepted, num_committed=accepted + 1,
-                     draft_ms=draft_ms, verify_ms=verify_ms, planned_k=drafted if k is None else k)
+    return StepStats(
+        drafter=drafter,
+        num_drafted=drafted,
+        num_accepted=accepted,
+        num_committed=accepted + 1,
+        draft_ms=draft_ms,
+        verify_ms=verify_ms,
+        planned_k=drafted if k is None else k,
+    )
 
 
 def model_drafter():

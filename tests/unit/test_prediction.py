@@ -91,8 +91,9 @@ TARGET = ToyModel(vocab_size=24, order=2, seed=1, sharpness=3.0)
 
 
 def plain(engine, prompt, n=60):
-    return engine.generate(prompt_ids=prompt, sampling=SamplingParams(max_tokens=n),
-                           speculation=SpeculationConfig(enabled=False)).token_ids
+    return engine.generate(
+        prompt_ids=prompt, sampling=SamplingParams(max_tokens=n), speculation=SpeculationConfig(enabled=False)
+    ).token_ids
 
 
 @pytest.mark.parametrize("policy", ["fixed", "auto"])
@@ -108,8 +109,12 @@ def test_greedy_output_is_the_same_with_any_prediction(policy, k):
     edited = expected[:20] + [5, 5, 5] + expected[25:]
     for prediction in (expected, edited, [7] * 40, []):
         spec = SpeculationConfig(policy=policy, max_draft_tokens=k, prediction=prediction)
-        result = engine.generate(prompt_ids=prompt, sampling=SamplingParams(max_tokens=60), speculation=spec,
-                                 drafters=["prediction"] if policy == "fixed" else None)
+        result = engine.generate(
+            prompt_ids=prompt,
+            sampling=SamplingParams(max_tokens=60),
+            speculation=spec,
+            drafters=["prediction"] if policy == "fixed" else None,
+        )
         assert result.token_ids == expected
         if prediction == expected:
             assert result.stats.accepted_by["prediction"] == result.stats.drafted_by["prediction"] > 0
@@ -118,9 +123,14 @@ def test_greedy_output_is_the_same_with_any_prediction(policy, k):
 
 def test_engine_takes_the_prediction_as_text():
     engine = Engine(ToyBackend(ToyModel(vocab_size=40, sharpness=3)), [PredictionDrafter()])
-    expected = engine.generate("abc", sampling=SamplingParams(max_tokens=30),
-                               speculation=SpeculationConfig(enabled=False))
-    result = engine.generate("abc", sampling=SamplingParams(max_tokens=30), prediction=expected.text,
-                             speculation=SpeculationConfig(policy="fixed", max_draft_tokens=8))
+    expected = engine.generate(
+        "abc", sampling=SamplingParams(max_tokens=30), speculation=SpeculationConfig(enabled=False)
+    )
+    result = engine.generate(
+        "abc",
+        sampling=SamplingParams(max_tokens=30),
+        prediction=expected.text,
+        speculation=SpeculationConfig(policy="fixed", max_draft_tokens=8),
+    )
     assert result.token_ids == expected.token_ids
     assert result.stats.num_accepted == result.stats.drafted_by["prediction"] > 0

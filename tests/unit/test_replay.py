@@ -92,19 +92,37 @@ def test_results_without_baseline_or_calibration_are_refused():
 def _results(tmp_path, target):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps(p.to_dict()) + "\n" for p in PROMPTS))
-    records = [{"method": "baseline", "question_id": q, "turn": t, "text": text, "temperature": 0.0,
-                "context_tokens": None, "error": None} for (q, t), text in ANSWERS.items()]
-    results = {"format": "draftwise-bench/1", "records": records,
-               "meta": {"target": target, "prompts": str(prompts), "backend": "auto",
-                        "calibration": {"target": {"1": 30.0, "2": 33.0, "32": 120.0}}}}
+    records = [
+        {
+            "method": "baseline",
+            "question_id": q,
+            "turn": t,
+            "text": text,
+            "temperature": 0.0,
+            "context_tokens": None,
+            "error": None,
+        }
+        for (q, t), text in ANSWERS.items()
+    ]
+    results = {
+        "format": "draftwise-bench/1",
+        "records": records,
+        "meta": {
+            "target": target,
+            "prompts": str(prompts),
+            "backend": "auto",
+            "calibration": {"target": {"1": 30.0, "2": 33.0, "32": 120.0}},
+        },
+    }
     (tmp_path / "results.json").write_text(json.dumps(results))
     return tmp_path
 
 
 def test_cli_replay_prints_a_table_and_json(tiny_gguf_dir, tmp_path):
     out = _results(tmp_path, str(tiny_gguf_dir / "target.gguf"))
-    result = CliRunner().invoke(main, ["replay", str(out), "--drafters", "ngram,ngram+suffix", "--free-lookups",
-                                       "--json"])
+    result = CliRunner().invoke(
+        main, ["replay", str(out), "--drafters", "ngram,ngram+suffix", "--free-lookups", "--json"]
+    )
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output)
     assert set(summary) == {"code_edit", "chat", "all"} and set(summary["all"]) == {"ngram", "ngram+suffix"}
@@ -112,17 +130,34 @@ def test_cli_replay_prints_a_table_and_json(tiny_gguf_dir, tmp_path):
     assert table.exit_code == 0 and "code_edit" in table.output and "chat" not in table.output
     curve = tmp_path / "curve.json"
     curve.write_text(json.dumps(CostCurve(((1, 30.0), (64, 200.0))).to_dict()))  # a calibration file's form
-    oracle = CliRunner().invoke(main, ["replay", str(out), "--drafters", "ngram", "--free-lookups", "--oracle",
-                                       "--max-k", "8", "--curve", str(curve), "--json"])
+    oracle = CliRunner().invoke(
+        main,
+        [
+            "replay",
+            str(out),
+            "--drafters",
+            "ngram",
+            "--free-lookups",
+            "--oracle",
+            "--max-k",
+            "8",
+            "--curve",
+            str(curve),
+            "--json",
+        ],
+    )
     assert oracle.exit_code == 0, oracle.output
     got = json.loads(oracle.output)["all"]["ngram"]
     assert got["oracle_speedup"] >= got["speedup"]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--drafters", "draft"], "free drafters"),
-    (["--drafters", "datastore"], "--datastore"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--drafters", "draft"], "free drafters"),
+        (["--drafters", "datastore"], "--datastore"),
+    ],
+)
 def test_cli_replay_bad_arguments(tiny_gguf_dir, tmp_path, args, message):
     out = _results(tmp_path, str(tiny_gguf_dir / "target.gguf"))
     result = CliRunner().invoke(main, ["replay", str(out), *args])

@@ -37,14 +37,24 @@ def test_greedy_verify_docstring_example():
     assert greedy_verify([5, 6], [5, 6, 9]).committed([5, 6]) == [5, 6, 9]  # bonus token
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    ({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"), ({"top_p": 1.5}, "top_p"),
-    ({"top_k": -1}, "top_k"), ({"min_p": 1}, "min_p"), ({"max_tokens": -1}, "max_tokens"),
-    ({"presence_penalty": 2.5}, "presence_penalty"), ({"frequency_penalty": -3}, "frequency_penalty"),
-    ({"repeat_penalty": 0}, "repeat_penalty"), ({"repeat_last_n": -2}, "repeat_last_n"),
-    ({"logit_bias": {1: 101}}, "logit_bias"), ({"logprobs": 21}, "logprobs"),
-    ({"prompt_logprobs": -1}, "prompt_logprobs"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"temperature": -1}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_k": -1}, "top_k"),
+        ({"min_p": 1}, "min_p"),
+        ({"max_tokens": -1}, "max_tokens"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"frequency_penalty": -3}, "frequency_penalty"),
+        ({"repeat_penalty": 0}, "repeat_penalty"),
+        ({"repeat_last_n": -2}, "repeat_last_n"),
+        ({"logit_bias": {1: 101}}, "logit_bias"),
+        ({"logprobs": 21}, "logprobs"),
+        ({"prompt_logprobs": -1}, "prompt_logprobs"),
+    ],
+)
 def test_sampling_params_validated(kwargs, field):
     with pytest.raises(ConfigError, match=field):
         SamplingParams(**kwargs)

@@ -20,9 +20,11 @@ PHASES = {"force", "plan", "draft", "forward", "verify", "commit", "masks", "loo
 @pytest.mark.parametrize("constraint", [None, Constraint.regex("[a-h]{0,80}")])
 def test_the_parts_sum_to_the_decode_time_and_every_step_is_recorded(constraint):
     engine = Engine(ToyBackend(TARGET), [NgramDrafter(1, 3)])
-    result = engine.generate(prompt_ids=[1, 2, 3, 1, 2, 3], sampling=SamplingParams(max_tokens=60, ignore_eos=True,
-                                                                                   constraint=constraint),
-                             speculation=SpeculationConfig(policy="fixed", max_draft_tokens=4))
+    result = engine.generate(
+        prompt_ids=[1, 2, 3, 1, 2, 3],
+        sampling=SamplingParams(max_tokens=60, ignore_eos=True, constraint=constraint),
+        speculation=SpeculationConfig(policy="fixed", max_draft_tokens=4),
+    )
     stats = result.stats
     assert set(stats.time_ms) == PHASES
     assert sum(stats.time_ms.values()) == pytest.approx(stats.decode_ms)
@@ -40,8 +42,13 @@ def test_the_parts_sum_to_the_decode_time_and_every_step_is_recorded(constraint)
 def test_the_live_split_adds_up_and_finds_a_context_dependent_forward():
     curve = CostCurve(((1, 10.0), (8, 24.0)))
     # Short-context steps run as the curve says, long-context ones at twice it (+ 1 ms noise on one).
-    steps = [(1, 100, 10.0, 12.0), (5, 100, curve.ms(5), curve.ms(5) + 3.0),
-             (1, 3000, 20.0, 22.0), (1, 3000, 21.0, 23.0), (1, 3000, 20.0, 22.0)]
+    steps = [
+        (1, 100, 10.0, 12.0),
+        (5, 100, curve.ms(5), curve.ms(5) + 3.0),
+        (1, 3000, 20.0, 22.0),
+        (1, 3000, 21.0, 23.0),
+        (1, 3000, 20.0, 22.0),
+    ]
     decode = sum(total for *_, total in steps) + 4.0  # 4 ms between steps
     record = {"method": "auto", "decode_ms": decode, "step_times": steps}
     result, table = split([record], curve, "auto")
@@ -51,15 +58,24 @@ def test_the_live_split_adds_up_and_finds_a_context_dependent_forward():
     assert result.noise_ms == pytest.approx(1.0)
     assert result.overhead_ms == pytest.approx(2 + 3 + 2 + 2 + 2)
     assert result.other_ms == pytest.approx(4.0)
-    assert (result.replayed_ms + result.curve_error_ms + result.noise_ms + result.overhead_ms
-            + result.other_ms) == pytest.approx(decode)
+    assert (
+        result.replayed_ms + result.curve_error_ms + result.noise_ms + result.overhead_ms + result.other_ms
+    ) == pytest.approx(decode)
     assert [(rows, ctx, n) for rows, ctx, n, *_ in table] == [(1, 0, 1), (1, 2048, 3), (5, 0, 1)]
 
 
 def test_the_report_shows_where_the_decode_time_goes():
-    records = [{"method": m, "temperature": 0.0, "decode_ms": 100.0, "num_steps": 10, "error": None,
-                "time_ms": {"forward": f, "plan": 2.0, "draft": 8.0, "loop": 5.0, "other": 100.0 - f - 15.0}}
-               for m, f in (("baseline", 90.0), ("auto", 70.0))]
+    records = [
+        {
+            "method": m,
+            "temperature": 0.0,
+            "decode_ms": 100.0,
+            "num_steps": 10,
+            "error": None,
+            "time_ms": {"forward": f, "plan": 2.0, "draft": 8.0, "loop": 5.0, "other": 100.0 - f - 15.0},
+        }
+        for m, f in (("baseline", 90.0), ("auto", 70.0))
+    ]
     rows = time_account_rows(records)
     assert [r[1] for r in rows] == ["baseline", "auto"]
     auto = dict(zip(("T", "method", *ACCOUNT_PARTS, "accounted", "ms/step"), rows[1]))

@@ -17,11 +17,19 @@ CALL = '<tool_call>\n{"name": "f", "arguments": {"s": "a}\\"<tool_call>", "n": [
 ANSWERS = {
     "text only": ("No tool needed <tool", "No tool needed <tool", []),
     "one call": (CALL, None, [("f", '{"s": "a}\\"<tool_call>", "n": [1, {"k": 2}]}')]),
-    "text then two": ("Sure.\n\n" + CALL + "\n" + CALL.replace('"f"', '"g"'), "Sure.",
-                      [("f", '{"s": "a}\\"<tool_call>", "n": [1, {"k": 2}]}'),
-                       ("g", '{"s": "a}\\"<tool_call>", "n": [1, {"k": 2}]}')]),
-    "cut short": ('<tool_call>\n{"name": "f", "arguments": {"s": "ab', '<tool_call>\n{"name": "f", "arguments": '
-                  '{"s": "ab', []),
+    "text then two": (
+        "Sure.\n\n" + CALL + "\n" + CALL.replace('"f"', '"g"'),
+        "Sure.",
+        [
+            ("f", '{"s": "a}\\"<tool_call>", "n": [1, {"k": 2}]}'),
+            ("g", '{"s": "a}\\"<tool_call>", "n": [1, {"k": 2}]}'),
+        ],
+    ),
+    "cut short": (
+        '<tool_call>\n{"name": "f", "arguments": {"s": "ab',
+        '<tool_call>\n{"name": "f", "arguments": {"s": "ab',
+        [],
+    ),
 }
 
 
@@ -41,7 +49,7 @@ def test_streamed_pieces_assemble_into_the_whole_parse(case):
     for size in (1, 2, 3, 7, len(text)):
         parser, events = HERMES.parser(), []
         for i in range(0, len(text), size):
-            events += parser.feed(text[i:i + size])
+            events += parser.feed(text[i : i + size])
         events += parser.finish()
         streamed = "".join(e.content or "" for e in events)
         if case == "cut short":  # deltas already sent stay sent: the call streams, then breaks off
@@ -60,8 +68,17 @@ def test_streamed_pieces_assemble_into_the_whole_parse(case):
 
 def test_the_plan_grammar_takes_the_calls_and_refuses_the_rest():
     backend = ToyBackend(ToyModel(vocab_size=90))
-    tools = parse_tools([{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}}])
+    tools = parse_tools(
+        [
+            {
+                "type": "function",
+                "function": {
+                    "name": "f",
+                    "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]},
+                },
+            }
+        ]
+    )
 
     class Tok(type(backend.tokenizer)):
         chat_template = "{{ tools }} <tool_call>"
@@ -69,9 +86,14 @@ def test_the_plan_grammar_takes_the_calls_and_refuses_the_rest():
     tok = Tok(90)
     encode = tok.encode
     good = '<tool_call>\n{"name": "f", "arguments": {"n": 12}}\n</tool_call>'
-    for mode, text, valid in [("required", good, True), ("required", "hi" + good, False),
-                              ("auto", "hi" + good, True), ("auto", good.replace('"f"', '"g"'), False),
-                              ("auto", good.replace("12", '"x"'), False), ("none", good, False)]:
+    for mode, text, valid in [
+        ("required", good, True),
+        ("required", "hi" + good, False),
+        ("auto", "hi" + good, True),
+        ("auto", good.replace('"f"', '"g"'), False),
+        ("auto", good.replace("12", '"x"'), False),
+        ("none", good, False),
+    ]:
         grammar = compile_constraint(tool_plan(tok, tools, ToolChoice(mode)).constraint, backend)
         ids = encode(text)
         assert (grammar.valid_prefix(ids) == len(ids)) == valid, (mode, text)
@@ -97,9 +119,13 @@ def test_tool_checks_name_the_field():
 
 def test_template_messages_parse_arguments_and_check_tool_messages():
     call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"n": 1}'}}
-    out = template_messages([{"role": "user", "content": "x"}, {"role": "assistant", "content": None,
-                                                                "tool_calls": [call]},
-                             {"role": "tool", "tool_call_id": "c1", "content": "2"}])
+    out = template_messages(
+        [
+            {"role": "user", "content": "x"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "2"},
+        ]
+    )
     assert out[1]["tool_calls"][0]["function"]["arguments"] == {"n": 1}
     with pytest.raises(ToolSpecError) as info:
         template_messages([{"role": "user", "content": "x"}, {"role": "tool", "tool_call_id": "c1", "content": "2"}])

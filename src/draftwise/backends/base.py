@@ -50,8 +50,9 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: Sequence[int]) -> str: ...
     def token_text(self, token_id: int) -> str: ...
-    def apply_chat_template(self, messages: Sequence[dict], *, add_generation_prompt: bool = True,
-                            tools: Sequence[dict] | None = None) -> str:
+    def apply_chat_template(
+        self, messages: Sequence[dict], *, add_generation_prompt: bool = True, tools: Sequence[dict] | None = None
+    ) -> str:
         """The prompt text; tools (OpenAI's function tools) are rendered as the template does."""
         ...
 
@@ -59,6 +60,7 @@ class Tokenizer(Protocol):
     def chat_template(self) -> str | None:
         """The chat template's source (None: the model has none); tells the tool-call format."""
         ...
+
     def llguidance_tokenizer(self, n_vocab: int):
         """llguidance's LLTokenizer over this vocabulary, n_vocab wide (structured output)."""
         ...
@@ -139,8 +141,10 @@ def utf8(text: str) -> bytes:
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise ConfigError(f"the text holds U+{ord(exc.object[exc.start]):04X} at index {exc.start}, a lone "
-                          "surrogate, which is not valid Unicode") from None
+        raise ConfigError(
+            f"the text holds U+{ord(exc.object[exc.start]):04X} at index {exc.start}, a lone "
+            "surrogate, which is not valid Unicode"
+        ) from None
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -179,8 +183,13 @@ _MARK_START, _MARK_END = "\ufdd0", "\ufdd1"
 _STRUCTURAL_KEYS = frozenset({"role", "type"})  # values from a fixed set that templates compare against
 
 
-def encode_chat(tokenizer: Tokenizer, messages: Sequence[dict], *, add_generation_prompt: bool = True,
-                tools: Sequence[dict] | None = None) -> list[int]:
+def encode_chat(
+    tokenizer: Tokenizer,
+    messages: Sequence[dict],
+    *,
+    add_generation_prompt: bool = True,
+    tools: Sequence[dict] | None = None,
+) -> list[int]:
     """The chat prompt's token ids, with every string the messages carry (content, names, tool
     text) tokenised as plain text: control tokens come only from the chat template itself.
 
@@ -204,8 +213,9 @@ def encode_chat(tokenizer: Tokenizer, messages: Sequence[dict], *, add_generatio
         return tokenizer.encode(text, add_special=True)
     if tools:
         extra = {"tools": _marked(list(tools), controls)}
-    marked = tokenizer.apply_chat_template(_marked(messages, controls), add_generation_prompt=add_generation_prompt,
-                                           **extra)
+    marked = tokenizer.apply_chat_template(
+        _marked(messages, controls), add_generation_prompt=add_generation_prompt, **extra
+    )
     utf8(marked)
     # [text, marked control text, text, ..., text]; a lone marker leaves None in the odd place
     parts = re.split(f"{_MARK_START}({controls.pattern}){_MARK_END}|[{_MARK_START}{_MARK_END}]", marked)
@@ -262,5 +272,5 @@ def _encode_inside(tokenizer: Tokenizer, text: str, *, parse_special: bool, newl
     """
     ids = tokenizer.encode("\n" + text, add_special=False, parse_special=parse_special)
     if newline and ids[: len(newline)] == newline:
-        return ids[len(newline):]
+        return ids[len(newline) :]
     return tokenizer.encode(text, add_special=False, parse_special=parse_special)

@@ -40,8 +40,18 @@ SPLIT_PADDING = 64
 # not only on the configured EOS. Mirroring it gives a transformers target and a llama.cpp
 # draft of the same GGUF identical EOS sets, so the engine's tokenizer check lets them mix.
 END_OF_GENERATION_TEXTS = (
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>",
-    "<EOT>", "<|end_of_text|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>",
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "<|end_of_text|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
 )
 
 
@@ -120,12 +130,17 @@ class HFTokenizer:
         template = getattr(self._tok, "chat_template", None)
         return template if isinstance(template, str) else None
 
-    def apply_chat_template(self, messages: Sequence[dict], *, add_generation_prompt: bool = True,
-                            tools: Sequence[dict] | None = None) -> str:
+    def apply_chat_template(
+        self, messages: Sequence[dict], *, add_generation_prompt: bool = True, tools: Sequence[dict] | None = None
+    ) -> str:
         if not getattr(self._tok, "chat_template", None):
             raise BackendError("this model's tokenizer has no chat template; use a plain prompt")
-        return self._tok.apply_chat_template(list(messages), tokenize=False, tools=list(tools) if tools else None,
-                                             add_generation_prompt=add_generation_prompt)
+        return self._tok.apply_chat_template(
+            list(messages),
+            tokenize=False,
+            tools=list(tools) if tools else None,
+            add_generation_prompt=add_generation_prompt,
+        )
 
 
 class ByteTokenizer:
@@ -155,8 +170,9 @@ class ByteTokenizer:
 
     chat_template: str | None = None
 
-    def apply_chat_template(self, messages: Sequence[dict], *, add_generation_prompt: bool = True,
-                            tools: Sequence[dict] | None = None) -> str:
+    def apply_chat_template(
+        self, messages: Sequence[dict], *, add_generation_prompt: bool = True, tools: Sequence[dict] | None = None
+    ) -> str:
         raise BackendError("this model has no tokenizer, so no chat template; use a plain prompt or token ids")
 
     def llguidance_tokenizer(self, n_vocab: int):
@@ -166,9 +182,13 @@ class ByteTokenizer:
         if not self.eos_token_ids:
             raise BackendError("structured output needs an EOS token, and this model's config names none")
         pieces = [bytes([i]) if i < 256 else f"<{i}>".encode() for i in range(self._vocab_size)]
-        return lltokenizer_from_pieces(pieces, eos_token_id=min(self.eos_token_ids), n_vocab=n_vocab,
-                                       special_token_ids=range(256, self._vocab_size),
-                                       encode=lambda text: [b for b in text if b < self._vocab_size])
+        return lltokenizer_from_pieces(
+            pieces,
+            eos_token_id=min(self.eos_token_ids),
+            n_vocab=n_vocab,
+            special_token_ids=range(256, self._vocab_size),
+            encode=lambda text: [b for b in text if b < self._vocab_size],
+        )
 
 
 def _config_eos(model) -> list[int]:
@@ -248,8 +268,9 @@ class HFBackend:
         digest = hashlib.sha256(model.config.to_json_string().encode()).hexdigest()[:16]
         dtype = str(model.dtype).removeprefix("torch.")
         identity = f"hf:{name}:{digest}:{dtype}:{model.device}"
-        self._setup(model.eval(), _wrap_tokenizer(tokenizer, model), n_ctx=n_ctx, name=name, identity=identity,
-                    slots=slots)
+        self._setup(
+            model.eval(), _wrap_tokenizer(tokenizer, model), n_ctx=n_ctx, name=name, identity=identity, slots=slots
+        )
         return self
 
     def _setup(self, model, tokenizer, *, n_ctx: int, name: str, identity: str, slots: int = 1) -> None:
@@ -282,8 +303,10 @@ class HFBackend:
         if slots > 1:
             kinds = {type(layer).__name__ for layer in self._cache.layers}
             if kinds != {"DynamicLayer"}:
-                raise ConfigError(f"parallel slots need a plain KV cache; {name} has {', '.join(sorted(kinds))} layers "
-                                  "(use --parallel 1)")
+                raise ConfigError(
+                    f"parallel slots need a plain KV cache; {name} has {', '.join(sorted(kinds))} layers "
+                    "(use --parallel 1)"
+                )
             self._slots += [self._sequence_of_mine(i) for i in range(1, slots)]
 
     def _sequence_of_mine(self, index: int) -> HFBackend:
@@ -325,8 +348,9 @@ class HFBackend:
         # (a prompt chunk beside one-row decoding steps), and so does a chunk over MAX_BATCH.
         group = sorted(live, key=lambda item: -len(item[2]))
         alone = []
-        while len(group) > 1 and (len(group[0][2]) > MAX_BATCH
-                                  or (len(group) - 1) * (len(group[0][2]) - len(group[1][2])) >= SPLIT_PADDING):
+        while len(group) > 1 and (
+            len(group[0][2]) > MAX_BATCH or (len(group) - 1) * (len(group[0][2]) - len(group[1][2])) >= SPLIT_PADDING
+        ):
             alone.append(group.pop(0))
         if len(group) < 2:
             alone, group = alone + group, []
@@ -366,16 +390,24 @@ class HFBackend:
                 cache.update(k, v, layer)
         first = min((n_b - n for n_b, (_, _, n) in zip(new, items) if n), default=N - 1)
         with torch.inference_mode():
-            result = self._model(input_ids=input_ids.to(self._device), attention_mask=mask.to(self._device),
-                                 position_ids=positions.to(self._device), use_cache=True,
-                                 logits_to_keep=N - first, **{self._cache_kw: cache})
+            result = self._model(
+                input_ids=input_ids.to(self._device),
+                attention_mask=mask.to(self._device),
+                position_ids=positions.to(self._device),
+                use_cache=True,
+                logits_to_keep=N - first,
+                **{self._cache_kw: cache},
+            )
         self.num_forwards += 1
         self.num_batches += 1
         try:
             for b, (seq, ids, _) in enumerate(items):
                 for layer, batched in enumerate(cache.layers):
-                    seq._cache.update(batched.keys[b : b + 1, :, P : P + new[b]].clone(),
-                                      batched.values[b : b + 1, :, P : P + new[b]].clone(), layer)
+                    seq._cache.update(
+                        batched.keys[b : b + 1, :, P : P + new[b]].clone(),
+                        batched.values[b : b + 1, :, P : P + new[b]].clone(),
+                        layer,
+                    )
                 seq._ids.extend(ids)
         except BaseException:
             for (seq, _, _), start in zip(items, past):
@@ -415,8 +447,12 @@ class HFBackend:
                     input_ids = torch.tensor([chunk], dtype=torch.long, device=self._device)  # [1, n]
                     read = min(len(chunk), offset + len(chunk) - first_read)
                     # logits_to_keep=n computes the last n rows only (0 would mean all of them).
-                    out = self._model(input_ids=input_ids, use_cache=True, logits_to_keep=max(read, 1),
-                                      **{self._cache_kw: self._cache})
+                    out = self._model(
+                        input_ids=input_ids,
+                        use_cache=True,
+                        logits_to_keep=max(read, 1),
+                        **{self._cache_kw: self._cache},
+                    )
                     self.num_forwards += 1
                     self._ids.extend(chunk)
                     if read > 0:
@@ -521,6 +557,7 @@ def _load_tokenizer(directory: Path, gguf_file: str | None, model):
     try:
         tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
     except Exception as exc:  # the tokenizers library raises bare Exceptions
-        raise BackendError(f"transformers could not load the tokenizer of {directory / (gguf_file or '')}: "
-                           f"{exc}") from exc
+        raise BackendError(
+            f"transformers could not load the tokenizer of {directory / (gguf_file or '')}: {exc}"
+        ) from exc
     return _wrap_tokenizer(tokenizer, model)

@@ -56,16 +56,22 @@ class LlamaCppTokenizer:
             parsed = c.LLAMA_TOKEN_ATTR_CONTROL | c.LLAMA_TOKEN_ATTR_UNKNOWN
             n_tokens = c.llama_vocab_n_tokens(self._vocab)
             self._control_texts = frozenset(
-                self.token_text(t) for t in range(n_tokens) if c.llama_vocab_get_attr(self._vocab, t) & parsed)
+                self.token_text(t) for t in range(n_tokens) if c.llama_vocab_get_attr(self._vocab, t) & parsed
+            )
         return self._control_texts
 
     def fim_token_ids(self) -> dict[str, int]:
         """The vocabulary's fill-in-the-middle tokens by role (draftwise.fim): llama.cpp reads them
         from `tokenizer.ggml.fim_*` metadata or, without it, finds them by their texts."""
         c, vocab = self._c, self._vocab
-        found = {"prefix": c.llama_vocab_fim_pre(vocab), "suffix": c.llama_vocab_fim_suf(vocab),
-                 "middle": c.llama_vocab_fim_mid(vocab), "pad": c.llama_vocab_fim_pad(vocab),
-                 "repo": c.llama_vocab_fim_rep(vocab), "file_sep": c.llama_vocab_fim_sep(vocab)}
+        found = {
+            "prefix": c.llama_vocab_fim_pre(vocab),
+            "suffix": c.llama_vocab_fim_suf(vocab),
+            "middle": c.llama_vocab_fim_mid(vocab),
+            "pad": c.llama_vocab_fim_pad(vocab),
+            "repo": c.llama_vocab_fim_rep(vocab),
+            "file_sep": c.llama_vocab_fim_sep(vocab),
+        }
         return {role: token for role, token in found.items() if token >= 0}
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -95,8 +101,9 @@ class LlamaCppTokenizer:
     def chat_template(self) -> str | None:
         return self._template or None
 
-    def apply_chat_template(self, messages: Sequence[dict], *, add_generation_prompt: bool = True,
-                            tools: Sequence[dict] | None = None) -> str:
+    def apply_chat_template(
+        self, messages: Sequence[dict], *, add_generation_prompt: bool = True, tools: Sequence[dict] | None = None
+    ) -> str:
         if not self._template:
             raise BackendError("this model has no chat template in its GGUF metadata; use a plain prompt")
         formatter = self._formatters.get(add_generation_prompt)
@@ -209,9 +216,14 @@ class LlamaCppBackend(_SequenceOps):
         own_ctx = n_seq_max > 1 or slots > 1
         try:
             self._llm = Llama(
-                model_path=str(path), n_ctx=256 if own_ctx else n_ctx, n_batch=n_batch, n_ubatch=n_batch,
-                n_threads=self.n_threads, n_threads_batch=self.n_threads,
-                logits_all=False, verbose=False,
+                model_path=str(path),
+                n_ctx=256 if own_ctx else n_ctx,
+                n_batch=n_batch,
+                n_ubatch=n_batch,
+                n_threads=self.n_threads,
+                n_threads_batch=self.n_threads,
+                logits_all=False,
+                verbose=False,
             )
         except ValueError as exc:  # llama-cpp-python reports load failures as ValueError
             raise BackendError(f"llama.cpp could not load {path}: {exc}") from exc

@@ -48,8 +48,9 @@ class CharTokenizer:
 
     chat_template: str | None = None  # the toy's format below has no tools
 
-    def apply_chat_template(self, messages: Sequence[dict], *, add_generation_prompt: bool = True,
-                            tools: Sequence[dict] | None = None) -> str:
+    def apply_chat_template(
+        self, messages: Sequence[dict], *, add_generation_prompt: bool = True, tools: Sequence[dict] | None = None
+    ) -> str:
         text = "".join(f"{m['role'][0]}:{m['content']}\n" for m in messages)
         return text + ("a:" if add_generation_prompt else "")
 
@@ -58,9 +59,12 @@ class CharTokenizer:
         from draftwise.constraints import lltokenizer_from_pieces
 
         return lltokenizer_from_pieces(
-            [p.encode() for p in self._pieces], eos_token_id=0, n_vocab=n_vocab,
+            [p.encode() for p in self._pieces],
+            eos_token_id=0,
+            n_vocab=n_vocab,
             special_token_ids=[i for i, p in enumerate(self._pieces) if len(p) != 1],
-            encode=lambda text: self.encode(text.decode("utf-8", errors="ignore")))
+            encode=lambda text: self.encode(text.decode("utf-8", errors="ignore")),
+        )
 
 
 @dataclass
@@ -79,7 +83,7 @@ class ToyModel:
     _table: dict = field(default_factory=dict, repr=False)
 
     def logits(self, context: Sequence[int]) -> np.ndarray:
-        key = tuple(context[-self.order:]) if self.order > 0 else ()
+        key = tuple(context[-self.order :]) if self.order > 0 else ()
         row = self._table.get(key)
         if row is None:
             digest = hashlib.sha256(repr((self.seed, key)).encode()).digest()
@@ -124,8 +128,9 @@ class ToyBackend:
         self.num_batches = 0  # extend_batch calls (one forward over several sequences)
         self._slots: list[ToyBackend] = [self]
         for i in range(1, slots):
-            seq = ToyBackend(logits_fn=logits_fn, vocab_size=vocab_size, n_ctx=n_ctx, name=f"{name}#{i}",
-                             tokenizer=self.tokenizer)
+            seq = ToyBackend(
+                logits_fn=logits_fn, vocab_size=vocab_size, n_ctx=n_ctx, name=f"{name}#{i}", tokenizer=self.tokenizer
+            )
             seq.identity = self.identity
             self._slots.append(seq)
 

@@ -9,5 +9,15 @@ from draftwise.bench.prompts import Prompt, PromptFileError, load_prompts, load_
 from draftwise.bench.report import write_report
 from draftwise.bench.runner import BenchConfig, BenchRunner, run_bench
 
-__all__ = ["BenchConfig", "BenchRunner", "MethodSpec", "Prompt", "PromptFileError", "load_prompts", "load_suite",
-           "parse_methods", "run_bench", "write_report"]
+__all__ = [
+    "BenchConfig",
+    "BenchRunner",
+    "MethodSpec",
+    "Prompt",
+    "PromptFileError",
+    "load_prompts",
+    "load_suite",
+    "parse_methods",
+    "run_bench",
+    "write_report",
+]

@@ -58,14 +58,33 @@ def split(records: Sequence[dict], curve: CostCurve, method: str) -> tuple[Split
     ratio = {key: statistics.median(f / c for f, c in pairs) for key, pairs in buckets.items()}
     replayed = sum(curve.ms(rows) for rows, _, _, _ in steps)
     forward = sum(fwd for _, _, fwd, _ in steps)
-    systematic = sum((ratio[_bucket(rows, ROW_BUCKETS), _bucket(ctx, CONTEXT_BUCKETS)] - 1) * curve.ms(rows)
-                     for rows, ctx, _, _ in steps)
+    systematic = sum(
+        (ratio[_bucket(rows, ROW_BUCKETS), _bucket(ctx, CONTEXT_BUCKETS)] - 1) * curve.ms(rows)
+        for rows, ctx, _, _ in steps
+    )
     overhead = sum(total - fwd for _, _, fwd, total in steps)
     decode = sum(r["decode_ms"] for r in records)
-    result = Split(method, len(steps), decode, replayed, systematic, forward - replayed - systematic, overhead,
-                   decode - forward - overhead)
-    table = [(rows, ctx, len(pairs), sum(f for f, _ in pairs) / len(pairs), sum(c for _, c in pairs) / len(pairs),
-              ratio[rows, ctx]) for (rows, ctx), pairs in sorted(buckets.items())]
+    result = Split(
+        method,
+        len(steps),
+        decode,
+        replayed,
+        systematic,
+        forward - replayed - systematic,
+        overhead,
+        decode - forward - overhead,
+    )
+    table = [
+        (
+            rows,
+            ctx,
+            len(pairs),
+            sum(f for f, _ in pairs) / len(pairs),
+            sum(c for _, c in pairs) / len(pairs),
+            ratio[rows, ctx],
+        )
+        for (rows, ctx), pairs in sorted(buckets.items())
+    ]
     return result, table
 
 

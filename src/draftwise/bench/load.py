@@ -73,7 +73,7 @@ async def stream_chat(client: httpx.AsyncClient, body: dict, concurrency: int, i
                 async for line in response.aiter_lines():
                     if not line.startswith("data:"):
                         continue  # blank separators, SSE comments
-                    data = line[len("data:"):].strip()
+                    data = line[len("data:") :].strip()
                     if data == "[DONE]":
                         done = True
                         break
@@ -94,12 +94,24 @@ async def stream_chat(client: httpx.AsyncClient, body: dict, concurrency: int, i
     usage = usage or {}
     speculative = usage.get("speculative") or {}
     num_tokens = usage.get("completion_tokens", num_deltas)
-    return RequestRecord(concurrency, index, error is None, status, error, ttft_s, latency_s, num_tokens,
-                         "completion_tokens" in usage, speculative.get("num_drafted"), speculative.get("num_accepted"))
+    return RequestRecord(
+        concurrency,
+        index,
+        error is None,
+        status,
+        error,
+        ttft_s,
+        latency_s,
+        num_tokens,
+        "completion_tokens" in usage,
+        speculative.get("num_drafted"),
+        speculative.get("num_accepted"),
+    )
 
 
-async def run_level(client: httpx.AsyncClient, prompts: Sequence[str], body: dict, concurrency: int,
-                    num_requests: int) -> tuple[list[RequestRecord], float]:
+async def run_level(
+    client: httpx.AsyncClient, prompts: Sequence[str], body: dict, concurrency: int, num_requests: int
+) -> tuple[list[RequestRecord], float]:
     """`concurrency` clients share a queue of num_requests prompts; returns the records (in issue order) and wall s."""
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(num_requests):
@@ -136,13 +148,20 @@ def summarize_level(concurrency: int, records: Sequence[RequestRecord], wall_s: 
             key = f"{r.status}: {r.error}" if r.status is not None else str(r.error)
             errors[key] = errors.get(key, 0) + 1
     return {
-        "concurrency": concurrency, "num_requests": len(records), "num_errors": len(records) - len(ok),
-        "num_tokens": num_tokens, "wall_s": wall_s, "tokens_per_second": num_tokens / wall_s if wall_s > 0 else None,
+        "concurrency": concurrency,
+        "num_requests": len(records),
+        "num_errors": len(records) - len(ok),
+        "num_tokens": num_tokens,
+        "wall_s": wall_s,
+        "tokens_per_second": num_tokens / wall_s if wall_s > 0 else None,
         "request_tokens_per_second_p50": _percentile([r.num_tokens / r.latency_s for r in ok if r.latency_s > 0], 50),
-        "ttft_p50_s": _percentile(ttfts, 50), "ttft_p95_s": _percentile(ttfts, 95),
-        "latency_p50_s": _percentile(latencies, 50), "latency_p95_s": _percentile(latencies, 95),
+        "ttft_p50_s": _percentile(ttfts, 50),
+        "ttft_p95_s": _percentile(ttfts, 95),
+        "latency_p50_s": _percentile(latencies, 50),
+        "latency_p95_s": _percentile(latencies, 95),
         "latency_max_s": max(latencies) if latencies else None,
-        "num_drafted": sum(drafted) if drafted else None, "num_accepted": sum(accepted) if accepted else None,
+        "num_drafted": sum(drafted) if drafted else None,
+        "num_accepted": sum(accepted) if accepted else None,
         "errors": errors,
     }
 
@@ -170,9 +189,19 @@ def describe_server(url: str, headers: dict[str, str]) -> dict:
     return {"url": url, "models": models, "health": health_body}
 
 
-def run_bench(url: str, prompts: Sequence[str], levels: Sequence[int], *, num_requests: int = 16,
-              max_tokens: int = 128, model: str | None = None, api_key: str | None = None, timeout_s: float = 600.0,
-              meta: dict | None = None, progress: Callable[[dict], None] | None = None) -> dict:
+def run_bench(
+    url: str,
+    prompts: Sequence[str],
+    levels: Sequence[int],
+    *,
+    num_requests: int = 16,
+    max_tokens: int = 128,
+    model: str | None = None,
+    api_key: str | None = None,
+    timeout_s: float = 600.0,
+    meta: dict | None = None,
+    progress: Callable[[dict], None] | None = None,
+) -> dict:
     """Every level in turn against the server at url; returns results (format FORMAT) for load_report.
 
     model defaults to the first id /v1/models lists (draftwise refuses any other name).
@@ -186,16 +215,26 @@ def run_bench(url: str, prompts: Sequence[str], levels: Sequence[int], *, num_re
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     server = describe_server(url, headers)
     model = model or (server["models"][0] if server["models"] else None)
-    body = {"stream": True, "max_tokens": max_tokens, "temperature": 0.0, "stream_options": {"include_usage": True},
-            **({"model": model} if model else {})}
+    body = {
+        "stream": True,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "stream_options": {"include_usage": True},
+        **({"model": model} if model else {}),
+    }
 
     async def run_all() -> list[tuple[list[RequestRecord], float]]:
         limits = httpx.Limits(max_connections=max(levels), max_keepalive_connections=max(levels))
-        async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits,
-                                     timeout=httpx.Timeout(timeout_s, connect=10)) as client:
+        async with httpx.AsyncClient(
+            base_url=url, headers=headers, limits=limits, timeout=httpx.Timeout(timeout_s, connect=10)
+        ) as client:
             # NOTE: the first request pays one-off costs (lazy allocation, cold caches) that belong to no level.
-            warm = await stream_chat(client, {**body, "max_tokens": WARMUP_TOKENS,
-                                              "messages": [{"role": "user", "content": prompts[0]}]}, 0, 0)
+            warm = await stream_chat(
+                client,
+                {**body, "max_tokens": WARMUP_TOKENS, "messages": [{"role": "user", "content": prompts[0]}]},
+                0,
+                0,
+            )
             if not warm.ok:
                 raise LoadError(f"the warm-up request failed ({warm.status}): {warm.error}")
             runs = []
@@ -208,9 +247,15 @@ def run_bench(url: str, prompts: Sequence[str], levels: Sequence[int], *, num_re
     runs = asyncio.run(run_all())
     return {
         "format": FORMAT,
-        "meta": {**(meta or {}), "server": server, "model": model, "max_tokens": max_tokens,
-                 "num_requests": num_requests, "num_prompts": len(prompts),
-                 "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds")},
+        "meta": {
+            **(meta or {}),
+            "server": server,
+            "model": model,
+            "max_tokens": max_tokens,
+            "num_requests": num_requests,
+            "num_prompts": len(prompts),
+            "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        },
         "levels": [summarize_level(c, records, wall_s) for c, (records, wall_s) in zip(levels, runs)],
         "records": [asdict(r) for records, _ in runs for r in records],
     }
@@ -252,15 +297,29 @@ class ServeProcess:
         self.url = f"http://127.0.0.1:{port}"
         self.startup_timeout_s = startup_timeout_s
         # NOTE: --host/--port go last: click keeps an option's last value, so serve_args cannot move the server.
-        self.command = [sys.executable, "-m", "draftwise.cli", "serve", *serve_args, "--host", "127.0.0.1",
-                        "--port", str(port)]
+        self.command = [
+            sys.executable,
+            "-m",
+            "draftwise.cli",
+            "serve",
+            *serve_args,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ]
 
     def __enter__(self) -> ServeProcess:
         # NOTE: output goes to a file, not a pipe: nothing reads a pipe during the run, and a full one blocks
         # the server.
         self.log = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen(self.command, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.proc = subprocess.Popen(
+            self.command,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         try:
             self._wait_ready()
         except BaseException:
@@ -277,11 +336,15 @@ class ServeProcess:
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
-                raise LoadError(f"draftwise serve did not answer /health within {self.startup_timeout_s:g} s; "
-                                f"its output ends:\n{self.log_tail()}")
+                raise LoadError(
+                    f"draftwise serve did not answer /health within {self.startup_timeout_s:g} s; "
+                    f"its output ends:\n{self.log_tail()}"
+                )
             time.sleep(0.25)
-        raise LoadError(f"draftwise serve exited with status {self.proc.returncode} before answering; "
-                        f"its output ends:\n{self.log_tail()}")
+        raise LoadError(
+            f"draftwise serve exited with status {self.proc.returncode} before answering; "
+            f"its output ends:\n{self.log_tail()}"
+        )
 
     def log_tail(self, num_lines: int = 20) -> str:
         self.log.seek(0)

@@ -14,8 +14,19 @@ from draftwise.bench.load import FORMAT
 from draftwise.bench.report import markdown_table
 from draftwise.types import ConfigError
 
-LEVEL_HEADERS = ("C", "requests", "errors", "tok/s (all)", "tok/s per request p50", "TTFT p50 s", "TTFT p95 s",
-                 "latency p50 s", "latency p95 s", "latency max s", "acceptance")
+LEVEL_HEADERS = (
+    "C",
+    "requests",
+    "errors",
+    "tok/s (all)",
+    "tok/s per request p50",
+    "TTFT p50 s",
+    "TTFT p95 s",
+    "latency p50 s",
+    "latency p95 s",
+    "latency max s",
+    "acceptance",
+)
 HOW_MEASURED = (
     "**How measured.** At each level C clients take the next prompt (the first turn of each suite record, cycled) "
     "from a shared queue until the level's requests are done; each is a streaming chat completion at temperature 0. "
@@ -27,6 +38,8 @@ HOW_MEASURED = (
     "runs first; every level sends the same prompts in the same order. acceptance = accepted / drafted tokens summed "
     "over usage.speculative, where the server reports it."
 )
+
+
 def _num(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
@@ -36,10 +49,21 @@ def level_rows(results: dict) -> list[tuple]:
     rows = []
     for s in results["levels"]:
         acceptance = s["num_accepted"] / s["num_drafted"] if s.get("num_drafted") else None
-        rows.append((s["concurrency"], s["num_requests"], s["num_errors"], _num(s["tokens_per_second"], ".1f"),
-                     _num(s["request_tokens_per_second_p50"], ".1f"), _num(s["ttft_p50_s"], ".3f"),
-                     _num(s["ttft_p95_s"], ".3f"), _num(s["latency_p50_s"], ".2f"), _num(s["latency_p95_s"], ".2f"),
-                     _num(s["latency_max_s"], ".2f"), _num(acceptance, ".0%")))
+        rows.append(
+            (
+                s["concurrency"],
+                s["num_requests"],
+                s["num_errors"],
+                _num(s["tokens_per_second"], ".1f"),
+                _num(s["request_tokens_per_second_p50"], ".1f"),
+                _num(s["ttft_p50_s"], ".3f"),
+                _num(s["ttft_p95_s"], ".3f"),
+                _num(s["latency_p50_s"], ".2f"),
+                _num(s["latency_p95_s"], ".2f"),
+                _num(s["latency_max_s"], ".2f"),
+                _num(acceptance, ".0%"),
+            )
+        )
     return rows
 
 
@@ -56,13 +80,24 @@ def run_label(results: dict) -> str:
 def render_markdown(results: dict) -> str:
     meta = results["meta"]
     started = f" (started as `{meta['serve_command']}`)" if meta.get("serve_command") else ""
-    lines = [f"# draftwise bench-serve: {run_label(results)}", "",
-             f"Server {meta['server']['url']}{started}, model `{meta['model']}`; prompts: {meta.get('prompts', '?')}; "
-             f"{meta['num_requests']} requests per level, max_tokens {meta['max_tokens']}; finished "
-             f"{meta['finished_at']}.", "",
-             level_table(results), "", HOW_MEASURED, "", "![](throughput.png)"]
-    errors = [(s["concurrency"], n, message.replace("|", "/")) for s in results["levels"]
-              for message, n in s["errors"].items()]
+    lines = [
+        f"# draftwise bench-serve: {run_label(results)}",
+        "",
+        f"Server {meta['server']['url']}{started}, model `{meta['model']}`; prompts: {meta.get('prompts', '?')}; "
+        f"{meta['num_requests']} requests per level, max_tokens {meta['max_tokens']}; finished "
+        f"{meta['finished_at']}.",
+        "",
+        level_table(results),
+        "",
+        HOW_MEASURED,
+        "",
+        "![](throughput.png)",
+    ]
+    errors = [
+        (s["concurrency"], n, message.replace("|", "/"))
+        for s in results["levels"]
+        for message, n in s["errors"].items()
+    ]
     if errors:
         lines += ["", "## Errors", "", markdown_table(("C", "count", "error"), errors)]
     return "\n".join(lines) + "\n"

@@ -28,14 +28,16 @@ class MethodSpec:
     def speculation(self, k: int, draft_temperature: float | None, branches: int = 1) -> SpeculationConfig:
         if not self.enabled:
             return SpeculationConfig(enabled=False)
-        return SpeculationConfig(policy=self.policy, max_draft_tokens=k, draft_temperature=draft_temperature,
-                                 max_branches=branches)
+        return SpeculationConfig(
+            policy=self.policy, max_draft_tokens=k, draft_temperature=draft_temperature, max_branches=branches
+        )
 
 
 def parse_method(name: str, available: Sequence[str]) -> MethodSpec:
     """One method name -> MethodSpec, given the drafter names that can be loaded.
 
-    Example: parse_method("heuristic:ngram", ["ngram", "draft"]) -> MethodSpec("heuristic:ngram", "heuristic", ("ngram",)).
+    Example: parse_method("heuristic:ngram", ["ngram", "draft"])
+    -> MethodSpec("heuristic:ngram", "heuristic", ("ngram",)).
     """
     name = name.strip()
     available = list(available)
@@ -57,13 +59,17 @@ def parse_method(name: str, available: Sequence[str]) -> MethodSpec:
         return MethodSpec(name, "auto", tuple(available))
     policy, sep, rest = name.partition(":")
     if not sep and "+" not in name and name not in available:
-        raise ConfigError(f"unknown method {name!r}; methods are {', '.join(KEYWORDS)}, a loaded drafter "
-                          f"({', '.join(available) or 'none'}), D1+D2 or POLICY:D1+D2")
+        raise ConfigError(
+            f"unknown method {name!r}; methods are {', '.join(KEYWORDS)}, a loaded drafter "
+            f"({', '.join(available) or 'none'}), D1+D2 or POLICY:D1+D2"
+        )
     if not sep:
         policy, rest = "auto", name
     if policy not in POLICIES:
-        raise ConfigError(f"unknown method {name!r}: {policy!r} is not a policy ({', '.join(POLICIES)}); "
-                          f"methods are {', '.join(KEYWORDS)}, D1+D2 or POLICY:D1+D2")
+        raise ConfigError(
+            f"unknown method {name!r}: {policy!r} is not a policy ({', '.join(POLICIES)}); "
+            f"methods are {', '.join(KEYWORDS)}, D1+D2 or POLICY:D1+D2"
+        )
     drafters = tuple(d.strip() for d in rest.split("+") if d.strip())
     if not drafters:
         raise ConfigError(f"method {name!r} names no drafter")

@@ -19,8 +19,18 @@ from typing import Any
 
 from draftwise.types import ConfigError
 
-CATEGORIES = ("code", "code_edit", "code_edit_long", "structured", "structured_schema", "chat", "multi_turn",
-              "summarization", "rag", "math")
+CATEGORIES = (
+    "code",
+    "code_edit",
+    "code_edit_long",
+    "structured",
+    "structured_schema",
+    "chat",
+    "multi_turn",
+    "summarization",
+    "rag",
+    "math",
+)
 QUICK_PER_CATEGORY = 2
 SUITES = ("quick", "full")
 
@@ -85,10 +95,15 @@ def parse_prompt(obj: Any) -> Prompt:
     if isinstance(prediction, str):
         prediction = [prediction]
     if prediction is not None:
-        if not isinstance(prediction, list) or not 1 <= len(prediction) <= len(turns) or not all(
-                p is None or isinstance(p, str) for p in prediction):
-            raise ValueError(f"'prediction' must be a string or a list of strings or nulls, one per turn (at most "
-                             f"{len(turns)}), got {prediction!r:.80}")
+        if (
+            not isinstance(prediction, list)
+            or not 1 <= len(prediction) <= len(turns)
+            or not all(p is None or isinstance(p, str) for p in prediction)
+        ):
+            raise ValueError(
+                f"'prediction' must be a string or a list of strings or nulls, one per turn (at most "
+                f"{len(turns)}), got {prediction!r:.80}"
+            )
     return Prompt(qid, category.strip(), tuple(turns), obj.get("reference"), schema, tuple(prediction or ()))
 
 
@@ -108,8 +123,9 @@ def parse_lines(lines: Iterable[str], source: str) -> list[Prompt]:
         except ValueError as exc:
             raise PromptFileError(f"{source}:{lineno}: {exc}") from None
         if prompt.question_id in seen:
-            raise PromptFileError(f"{source}:{lineno}: question_id {prompt.question_id} already used on line "
-                                  f"{seen[prompt.question_id]}")
+            raise PromptFileError(
+                f"{source}:{lineno}: question_id {prompt.question_id} already used on line {seen[prompt.question_id]}"
+            )
         seen[prompt.question_id] = lineno
         prompts.append(prompt)
     return prompts
@@ -149,7 +165,9 @@ def load_suite(name: str) -> list[Prompt]:
         source = f"suites/{stem}.jsonl"
         for prompt in parse_lines(files[stem].read_text(encoding="utf-8").splitlines(), source):
             if prompt.question_id in seen:
-                raise PromptFileError(f"{source}: question_id {prompt.question_id} also used in {seen[prompt.question_id]}")
+                raise PromptFileError(
+                    f"{source}: question_id {prompt.question_id} also used in {seen[prompt.question_id]}"
+                )
             seen[prompt.question_id] = source
             prompts.append(prompt)
     order = {c: i for i, c in enumerate(CATEGORIES)}
@@ -207,8 +225,14 @@ def pad_prompt(
         filler_ids = filler_ids + filler_ids
     padding = decode(filler_ids[:room])
     first = header + padding + footer + prompt.turns[0]
-    return Prompt(prompt.question_id, prompt.category, (first, *prompt.turns[1:]), prompt.reference, prompt.json_schema,
-                  prompt.prediction)
+    return Prompt(
+        prompt.question_id,
+        prompt.category,
+        (first, *prompt.turns[1:]),
+        prompt.reference,
+        prompt.json_schema,
+        prompt.prediction,
+    )
 
 
 def filler_for(prompt: Prompt, pool: Sequence[Prompt]) -> str:

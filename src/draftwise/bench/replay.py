@@ -67,8 +67,12 @@ def baseline_answers(results: dict) -> dict[tuple[int, int], str]:
     """(question_id, turn) -> the greedy baseline's text, from a bench results.json."""
     out = {}
     for r in results.get("records", []):
-        if (r.get("method") == "baseline" and not r.get("error") and r.get("temperature", 0) == 0
-                and r.get("context_tokens") is None):
+        if (
+            r.get("method") == "baseline"
+            and not r.get("error")
+            and r.get("temperature", 0) == 0
+            and r.get("context_tokens") is None
+        ):
             out[(r["question_id"], r["turn"])] = r["text"]
     if not out:
         raise ConfigError("the results hold no greedy baseline answers to replay (run the bench with 'baseline')")
@@ -85,10 +89,19 @@ def calibrated_curve(results: dict) -> CostCurve:
     return CostCurve(tuple(sorted((int(n), float(ms)) for n, ms in points.items())))
 
 
-def replay(prompts: Sequence[Prompt], answers: Mapping[tuple[int, int], str], tokenizer,
-           drafter_sets: Mapping[str, Sequence[Drafter]], curve: CostCurve, *, count_lookups: bool = True,
-           noise: float = 0.0, seed: int = 0, max_k: int = MAX_K,
-           oracle: bool = False) -> list[ReplayRun]:
+def replay(
+    prompts: Sequence[Prompt],
+    answers: Mapping[tuple[int, int], str],
+    tokenizer,
+    drafter_sets: Mapping[str, Sequence[Drafter]],
+    curve: CostCurve,
+    *,
+    count_lookups: bool = True,
+    noise: float = 0.0,
+    seed: int = 0,
+    max_k: int = MAX_K,
+    oracle: bool = False,
+) -> list[ReplayRun]:
     """Replay every answered turn of `prompts` with each drafter set under its own AutoPolicy
     (drafting up to max_k tokens); with `oracle`, also each set's hindsight optimum.
 
@@ -96,8 +109,9 @@ def replay(prompts: Sequence[Prompt], answers: Mapping[tuple[int, int], str], to
     per step with {"ngram": [NgramDrafter()]} and exactly one with a set that never matches.
     """
     share = LOOKUP_SHARE if count_lookups else math.inf
-    policies = {name: AutoPolicy(target_cost=curve, calibrate=False, lookup_share=share, max_k=max_k)
-                for name in drafter_sets}
+    policies = {
+        name: AutoPolicy(target_cost=curve, calibrate=False, lookup_share=share, max_k=max_k) for name in drafter_sets
+    }
     rng = random.Random(seed)
     runs: list[ReplayRun] = []
     for prompt in prompts:
@@ -112,7 +126,8 @@ def replay(prompts: Sequence[Prompt], answers: Mapping[tuple[int, int], str], to
             history = [*messages, {"role": "assistant", "content": answer}]
             predicted = prompt.prediction_for(turn)
             speculation = SpeculationConfig(
-                prediction=tokenizer.encode(predicted, add_special=False) if predicted else ())
+                prediction=tokenizer.encode(predicted, add_special=False) if predicted else ()
+            )
             for name, drafters in drafter_sets.items():
                 best_ms = 0.0
                 if oracle:
@@ -121,15 +136,33 @@ def replay(prompts: Sequence[Prompt], answers: Mapping[tuple[int, int], str], to
                     for d, state in zip(drafters, saved):
                         if state is not None:
                             d.restore(state)
-                steps, ms = _replay_one(policies[name], drafters, speculation, prompt_ids, answer_ids, curve,
-                                        count_lookups, noise, rng)
-                runs.append(ReplayRun(prompt.category, prompt.question_id, turn, name, len(answer_ids), steps,
-                                      ms, len(answer_ids) * curve.ms(1), best_ms))
+                steps, ms = _replay_one(
+                    policies[name], drafters, speculation, prompt_ids, answer_ids, curve, count_lookups, noise, rng
+                )
+                runs.append(
+                    ReplayRun(
+                        prompt.category,
+                        prompt.question_id,
+                        turn,
+                        name,
+                        len(answer_ids),
+                        steps,
+                        ms,
+                        len(answer_ids) * curve.ms(1),
+                        best_ms,
+                    )
+                )
     return runs
 
 
-def oracle_ms(drafters: Sequence[Drafter], speculation: SpeculationConfig, prompt_ids: list[int],
-              answer_ids: list[int], curve: CostCurve, max_k: int) -> float:
+def oracle_ms(
+    drafters: Sequence[Drafter],
+    speculation: SpeculationConfig,
+    prompt_ids: list[int],
+    answer_ids: list[int],
+    curve: CostCurve,
+    max_k: int,
+) -> float:
     """The least modelled time in which these drafters' proposals could have produced the answer.
 
     correct[p] = the longest correct proposal of any drafter at position p (each proposes once
@@ -158,9 +191,17 @@ def oracle_ms(drafters: Sequence[Drafter], speculation: SpeculationConfig, promp
     return best[0]
 
 
-def _replay_one(policy: AutoPolicy, drafters: Sequence[Drafter], speculation: SpeculationConfig,
-                prompt_ids: list[int], answer_ids: list[int], curve: CostCurve, count_lookups: bool, noise: float,
-                rng: random.Random) -> tuple[int, float]:
+def _replay_one(
+    policy: AutoPolicy,
+    drafters: Sequence[Drafter],
+    speculation: SpeculationConfig,
+    prompt_ids: list[int],
+    answer_ids: list[int],
+    curve: CostCurve,
+    count_lookups: bool,
+    noise: float,
+    rng: random.Random,
+) -> tuple[int, float]:
     """One answer under one policy: (target steps, modelled ms)."""
     policy.begin(drafters, speculation)
     for d in drafters:
@@ -179,9 +220,17 @@ def _replay_one(policy: AutoPolicy, drafters: Sequence[Drafter], speculation: Sp
         while accepted < len(proposal) and proposal[accepted] == answer_ids[pos + accepted]:
             accepted += 1
         verify_ms = curve.ms(len(proposal) + 1) * (rng.lognormvariate(0.0, noise) if noise else 1.0)
-        policy.observe(StepStats(drafter=plan.drafter.name if proposal else "none", num_drafted=len(proposal),
-                                 num_accepted=accepted, num_committed=accepted + 1, draft_ms=lookup_ms,
-                                 verify_ms=verify_ms, planned_k=plan.k))
+        policy.observe(
+            StepStats(
+                drafter=plan.drafter.name if proposal else "none",
+                num_drafted=len(proposal),
+                num_accepted=accepted,
+                num_committed=accepted + 1,
+                draft_ms=lookup_ms,
+                verify_ms=verify_ms,
+                planned_k=plan.k,
+            )
+        )
         steps += 1
         ms += lookup_ms + verify_ms
         pos += accepted + 1

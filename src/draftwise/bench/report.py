@@ -23,14 +23,25 @@ HOW_MEASURED = (
     "nothing), so the machine speeding up or slowing down between runs cancels; '-' where a run had under 8 plain "
     "steps. acceptance = accepted / drafted draft tokens and tokens/step = generated tokens / target forwards, both "
     "pooled over prompts. identical = greedy output token-for-token equal to baseline. Later turns of a "
-    "conversation continue from the baseline's answers, so every method gets the same next task. mem overhead = resident "
-    "memory with the draft model loaded and used minus without it. Tokens/s over the output comes from the times "
+    "conversation continue from the baseline's answers, so every method gets the same next task. mem overhead = "
+    "resident memory with the draft model loaded and used minus without it. Tokens/s over the output comes from the times "
     "at which streamed text arrived."
 )
 # A run in which other processes took more than this share of the machine's CPU time is noisy.
 COMPETING_SHARE = 0.15
-TABLE_HEADERS = ("category", "method", "n", "tok/s", "speedup", "drift-corr.", "acceptance", "tokens/step", "identical",
-                 "mem overhead MB", "errors")
+TABLE_HEADERS = (
+    "category",
+    "method",
+    "n",
+    "tok/s",
+    "speedup",
+    "drift-corr.",
+    "acceptance",
+    "tokens/step",
+    "identical",
+    "mem overhead MB",
+    "errors",
+)
 
 
 # ---------------------------------------------------------------------------- grouping
@@ -103,7 +114,11 @@ def category_rows(records: Sequence[dict]) -> list[tuple]:
     rows = []
     for category in [*_category_order(records), "all"]:
         for variant in variants:
-            group = [r for r in records if variant_label(r) == variant] if category == "all" else by_key.get((category, variant))
+            group = (
+                [r for r in records if variant_label(r) == variant]
+                if category == "all"
+                else by_key.get((category, variant))
+            )
             if group:
                 rows.append((category, variant, *_format(aggregate(group))))
     return rows
@@ -113,10 +128,17 @@ def _format(a: dict) -> tuple:
     def num(v, fmt):
         return "-" if v is None else format(v, fmt)
 
-    return (str(a["n"]), num(a["tokens_per_second"], ".1f"), "-" if a["speedup"] is None else f"{a['speedup']:.2f}x",
-            "-" if a.get("speedup_drift_corrected") is None else f"{a['speedup_drift_corrected']:.2f}x",
-            num(a["acceptance_rate"], ".0%"), num(a["tokens_per_step"], ".2f"), num(a["identical"], ".0%"),
-            "-" if a["memory_overhead_mb"] is None else f"{a['memory_overhead_mb']:+.0f}", str(a["errors"]))
+    return (
+        str(a["n"]),
+        num(a["tokens_per_second"], ".1f"),
+        "-" if a["speedup"] is None else f"{a['speedup']:.2f}x",
+        "-" if a.get("speedup_drift_corrected") is None else f"{a['speedup_drift_corrected']:.2f}x",
+        num(a["acceptance_rate"], ".0%"),
+        num(a["tokens_per_step"], ".2f"),
+        num(a["identical"], ".0%"),
+        "-" if a["memory_overhead_mb"] is None else f"{a['memory_overhead_mb']:+.0f}",
+        str(a["errors"]),
+    )
 
 
 def by_setting(records: Sequence[dict]) -> dict[tuple, list[dict]]:
@@ -130,16 +152,25 @@ def stability(records: Sequence[dict]) -> dict[str, dict]:
     """Per variant: tokens/s in the first and last window, and late/early (second half over first half)."""
     out = {}
     for variant in _variant_order(records):
-        series = [[w for w in r.get("tokens_per_second_windows") or [] if w] for r in records
-                  if variant_label(r) == variant and not r.get("error")]
+        series = [
+            [w for w in r.get("tokens_per_second_windows") or [] if w]
+            for r in records
+            if variant_label(r) == variant and not r.get("error")
+        ]
         series = [s for s in series if len(s) >= 2]
         if not series:
             continue
-        ratios = [(sum(s[len(s) // 2:]) / len(s[len(s) // 2:])) / (sum(s[: len(s) // 2]) / len(s[: len(s) // 2]))
-                  for s in series]
-        out[variant] = {"n": len(series), "first": sum(s[0] for s in series) / len(series),
-                        "last": sum(s[-1] for s in series) / len(series), "late_over_early": geomean(ratios),
-                        "windows": max(len(s) for s in series)}
+        ratios = [
+            (sum(s[len(s) // 2 :]) / len(s[len(s) // 2 :])) / (sum(s[: len(s) // 2]) / len(s[: len(s) // 2]))
+            for s in series
+        ]
+        out[variant] = {
+            "n": len(series),
+            "first": sum(s[0] for s in series) / len(series),
+            "last": sum(s[-1] for s in series) / len(series),
+            "late_over_early": geomean(ratios),
+            "windows": max(len(s) for s in series),
+        }
     return out
 
 
@@ -155,25 +186,40 @@ def render_markdown(results: dict, plots: Sequence[str] = ()) -> str:
     config, meta = results.get("config", {}), results.get("meta", {})
     out = ["# draftwise bench report", ""]
     target = meta.get("target", "?")
-    out.append(f"Target `{target}`" + (f", draft model `{meta['draft_model']}`" if meta.get("draft_model") else "")
-               + f"; drafters loaded: {', '.join(meta.get('drafters', [])) or 'none'}; prompts: {meta.get('prompts', '?')}.")
-    out.append(f"Methods {', '.join(config.get('methods', []))}; max_tokens {config.get('max_tokens')}; "
-               f"k {config.get('ks')}; "
-               + (f"branches {config.get('branches')}; " if (config.get("branches") or [1]) != [1] else "")
-               + f"repeats {config.get('repeats')} (median kept); "
-               f"{len(records)} records{'' if results.get('complete') else ' (run incomplete)'}.")
+    out.append(
+        f"Target `{target}`"
+        + (f", draft model `{meta['draft_model']}`" if meta.get("draft_model") else "")
+        + f"; drafters loaded: {', '.join(meta.get('drafters', [])) or 'none'}; prompts: {meta.get('prompts', '?')}."
+    )
+    out.append(
+        f"Methods {', '.join(config.get('methods', []))}; max_tokens {config.get('max_tokens')}; "
+        f"k {config.get('ks')}; "
+        + (f"branches {config.get('branches')}; " if (config.get("branches") or [1]) != [1] else "")
+        + f"repeats {config.get('repeats')} (median kept); "
+        f"{len(records)} records{'' if results.get('complete') else ' (run incomplete)'}."
+    )
     out += ["", HOW_MEASURED, ""]
     ceiling = always_right_ceiling(meta.get("calibration", {}).get("target"))
     if ceiling:
-        out += [f"Always-right ceiling from this run's calibration: **{ceiling[0]:.2f}x** at k = {ceiling[1]} (a drafter "
-                "whose every token is accepted, at no drafting cost: best over k of (k+1)·cost(1)/cost(k+1)).", ""]
+        out += [
+            f"Always-right ceiling from this run's calibration: **{ceiling[0]:.2f}x** at k = {ceiling[1]} (a drafter "
+            "whose every token is accepted, at no drafting cost: best over k of (k+1)·cost(1)/cost(k+1)).",
+            "",
+        ]
     other = [r["other_cpu_share"] for r in records if r.get("other_cpu_share") is not None]
     if other:
         busy = [x for x in other if x > COMPETING_SHARE]
-        out += [f"CPU time taken by other processes during the runs: {min(other):.0%}–{max(other):.0%} of the machine"
-                + (f" — **other processes competed for the CPU in {len(busy)} of {len(other)} runs (over "
-                   f"{COMPETING_SHARE:.0%}), so timings are noisy; rerun on a quiet machine before drawing "
-                   "conclusions**." if busy else "."), ""]
+        out += [
+            f"CPU time taken by other processes during the runs: {min(other):.0%}–{max(other):.0%} of the machine"
+            + (
+                f" — **other processes competed for the CPU in {len(busy)} of {len(other)} runs (over "
+                f"{COMPETING_SHARE:.0%}), so timings are noisy; rerun on a quiet machine before drawing "
+                "conclusions**."
+                if busy
+                else "."
+            ),
+            "",
+        ]
     settings = by_setting(records)
     for setting, group in settings.items():
         out += [f"## {setting_label(setting)}", ""]
@@ -188,47 +234,101 @@ def render_markdown(results: dict, plots: Sequence[str] = ()) -> str:
         out += [markdown_table(TABLE_HEADERS, category_rows(group)), ""]
         stab = stability(group)
         if stab:
-            out += [(f"Speed over the output (windows of {group[0].get('window_tokens', 32)} tokens; late/early = "
-                     "mean tok/s of the second half of the windows / the first half, geometric mean over prompts):"),
-                    ""]
-            out.append(markdown_table(("method", "prompts", "windows", "first window tok/s", "last window tok/s",
-                                       "late/early"),
-                                      [(v, s["n"], s["windows"], f"{s['first']:.1f}", f"{s['last']:.1f}",
-                                        f"{s['late_over_early']:.2f}") for v, s in stab.items()]))
+            out += [
+                (
+                    f"Speed over the output (windows of {group[0].get('window_tokens', 32)} tokens; late/early = "
+                    "mean tok/s of the second half of the windows / the first half, geometric mean over prompts):"
+                ),
+                "",
+            ]
+            out.append(
+                markdown_table(
+                    ("method", "prompts", "windows", "first window tok/s", "last window tok/s", "late/early"),
+                    [
+                        (
+                            v,
+                            s["n"],
+                            s["windows"],
+                            f"{s['first']:.1f}",
+                            f"{s['last']:.1f}",
+                            f"{s['late_over_early']:.2f}",
+                        )
+                        for v, s in stab.items()
+                    ],
+                )
+            )
             out.append("")
     structured = structured_rows(records)
     if structured:
-        out += ["## Structured output", "",
-                "Prompts with a JSON schema (every method constrained by it; `@unconstrained`: without it). JSON / "
-                "schema valid = the answer parses / also validates against the schema (jsonschema). mask ms/token = "
-                "time computing grammar masks per generated token; forced = share of tokens the grammar forced "
-                "(committed with no target decision). speedup = vs the baseline of the same constraint; "
-                "vs unconstrained = tok/s over plain unconstrained decoding of the same prompt.", "",
-                markdown_table(("T", "method", "n", "JSON valid", "schema valid", "tok/s", "speedup", "vs unconstrained",
-                                "mask ms/token", "forced", "tokens/step", "identical"), structured), ""]
+        out += [
+            "## Structured output",
+            "",
+            "Prompts with a JSON schema (every method constrained by it; `@unconstrained`: without it). JSON / "
+            "schema valid = the answer parses / also validates against the schema (jsonschema). mask ms/token = "
+            "time computing grammar masks per generated token; forced = share of tokens the grammar forced "
+            "(committed with no target decision). speedup = vs the baseline of the same constraint; "
+            "vs unconstrained = tok/s over plain unconstrained decoding of the same prompt.",
+            "",
+            markdown_table(
+                (
+                    "T",
+                    "method",
+                    "n",
+                    "JSON valid",
+                    "schema valid",
+                    "tok/s",
+                    "speedup",
+                    "vs unconstrained",
+                    "mask ms/token",
+                    "forced",
+                    "tokens/step",
+                    "identical",
+                ),
+                structured,
+            ),
+            "",
+        ]
     contexts = sorted({r.get("context_tokens") for r in records if r.get("context_tokens")})
     if len(contexts) > 1:
-        out += ["## Context sweep", "", "Prompts padded with unrelated text to about N tokens; all categories pooled.", ""]
+        out += [
+            "## Context sweep",
+            "",
+            "Prompts padded with unrelated text to about N tokens; all categories pooled.",
+            "",
+        ]
         rows = []
         for temperature in sorted({float(r["temperature"]) for r in records}):
             for variant in _variant_order(records):
                 for ctx in contexts:
-                    group = [r for r in records if r.get("context_tokens") == ctx and variant_label(r) == variant
-                             and float(r["temperature"]) == temperature]
+                    group = [
+                        r
+                        for r in records
+                        if r.get("context_tokens") == ctx
+                        and variant_label(r) == variant
+                        and float(r["temperature"]) == temperature
+                    ]
                     if group:
                         a = _format(aggregate(group))
                         rows.append((f"{temperature:g}", variant, ctx, a[1], a[2], a[4], a[5]))
-        out += [markdown_table(("T", "method", "context tokens", "tok/s", "speedup", "acceptance", "tokens/step"),
-                               rows), ""]
+        out += [
+            markdown_table(("T", "method", "context tokens", "tok/s", "speedup", "acceptance", "tokens/step"), rows),
+            "",
+        ]
     account = time_account_rows(records)
     if account:
-        out += ["## Where the decode time goes", "",
-                "Per method, the share of the measured decode time in each part of the step (all prompts pooled): "
-                "forward (the target's forward passes), draft (planning and drafting, lookups included), masks "
-                "(grammar masks), force (forced tokens), verify (verification and sampling), commit (cache "
-                "truncation, grammar advance, stats), loop (the loop around the step: stop strings, detokenising), "
-                "other (the rest of the decode time, between steps). `accounted` is the share the measured parts (all but other) add up to; ms/step is the decode time per step.", "",
-                markdown_table(("T", "method", *ACCOUNT_PARTS, "accounted", "ms/step"), account), ""]
+        out += [
+            "## Where the decode time goes",
+            "",
+            "Per method, the share of the measured decode time in each part of the step (all prompts pooled): "
+            "forward (the target's forward passes), draft (planning and drafting, lookups included), masks "
+            "(grammar masks), force (forced tokens), verify (verification and sampling), commit (cache "
+            "truncation, grammar advance, stats), loop (the loop around the step: stop strings, detokenising), "
+            "other (the rest of the decode time, between steps). `accounted` is the share the measured parts (all "
+            "but other) add up to; ms/step is the decode time per step.",
+            "",
+            markdown_table(("T", "method", *ACCOUNT_PARTS, "accounted", "ms/step"), account),
+            "",
+        ]
     memory = meta.get("memory") or {}
     if memory:
         out += ["## Memory", "", markdown_table(("measure", "MB"), [(k, v) for k, v in memory.items()]), ""]
@@ -266,11 +366,22 @@ def structured_rows(records: Sequence[dict]) -> list[tuple]:
             mask_ms = sum(r.get("mask_ms", 0.0) for r in rs)
             forced = sum(r.get("num_forced_tokens", 0) for r in rs)
             vs_free = geomean(r.get("speedup_vs_unconstrained") for r in rs)
-            rows.append((f"{temperature:g}", variant, len(rs), f"{sum(r['json_valid'] for r in rs) / len(rs):.0%}",
-                         f"{sum(r['schema_valid'] for r in rs) / len(rs):.0%}", _format(a)[1], _format(a)[2],
-                         "-" if vs_free is None else f"{vs_free:.2f}x",
-                         f"{mask_ms / generated:.3f}" if generated else "-",
-                         f"{forced / generated:.0%}" if generated else "-", _format(a)[5], _format(a)[6]))
+            rows.append(
+                (
+                    f"{temperature:g}",
+                    variant,
+                    len(rs),
+                    f"{sum(r['json_valid'] for r in rs) / len(rs):.0%}",
+                    f"{sum(r['schema_valid'] for r in rs) / len(rs):.0%}",
+                    _format(a)[1],
+                    _format(a)[2],
+                    "-" if vs_free is None else f"{vs_free:.2f}x",
+                    f"{mask_ms / generated:.3f}" if generated else "-",
+                    f"{forced / generated:.0%}" if generated else "-",
+                    _format(a)[5],
+                    _format(a)[6],
+                )
+            )
     return rows
 
 
@@ -294,9 +405,15 @@ def time_account_rows(records: Sequence[dict]) -> list[tuple]:
                 for part, ms in r["time_ms"].items():
                     parts["draft" if part == "plan" else part] += ms
             steps = sum(r["num_steps"] for r in rs)
-            rows.append((f"{temperature:g}", variant, *(f"{parts[p] / decode:.1%}" for p in ACCOUNT_PARTS),
-                         f"{sum(ms for p, ms in parts.items() if p != 'other') / decode:.1%}",
-                         f"{decode / steps:.1f}" if steps else "-"))
+            rows.append(
+                (
+                    f"{temperature:g}",
+                    variant,
+                    *(f"{parts[p] / decode:.1%}" for p in ACCOUNT_PARTS),
+                    f"{sum(ms for p, ms in parts.items() if p != 'other') / decode:.1%}",
+                    f"{decode / steps:.1f}" if steps else "-",
+                )
+            )
     return rows
 
 
@@ -340,11 +457,19 @@ def plot_speedup_by_category(records: Sequence[dict], path: Path) -> Path | None
         for i, variant in enumerate(variants):
             values = []
             for c in categories:
-                rs = [r for r in group if variant_label(r) == variant and (c == "all" or r["category"] == c)
-                      and not r.get("error")]
+                rs = [
+                    r
+                    for r in group
+                    if variant_label(r) == variant and (c == "all" or r["category"] == c) and not r.get("error")
+                ]
                 values.append(geomean(r.get("speedup") for r in rs) or 0.0)
-            ax.bar([j + i * width - 0.4 + width / 2 for j in range(len(categories))], values, width, label=variant,
-                   color=_color(i, len(variants)))
+            ax.bar(
+                [j + i * width - 0.4 + width / 2 for j in range(len(categories))],
+                values,
+                width,
+                label=variant,
+                color=_color(i, len(variants)),
+            )
         ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
         ax.set_xticks(range(len(categories)), categories, rotation=20)
         ax.set_ylabel("speedup vs baseline (geo. mean)")
@@ -373,8 +498,14 @@ def plot_tokens_per_second_over_output(records: Sequence[dict], path: Path) -> P
                         sums[i].append(v)
             if sums:
                 xs = sorted(sums)
-                ax.plot([(i + 1) * window for i in xs], [sum(sums[i]) / len(sums[i]) for i in xs], marker="o",
-                        markersize=3, label=variant, color=_color(vi, len(variants)))
+                ax.plot(
+                    [(i + 1) * window for i in xs],
+                    [sum(sums[i]) / len(sums[i]) for i in xs],
+                    marker="o",
+                    markersize=3,
+                    label=variant,
+                    color=_color(vi, len(variants)),
+                )
         ax.set_xlabel("output position (tokens, end of window)")
         ax.set_ylabel("tokens/s (mean over prompts)")
         ax.set_title(f"Tokens/s over the output — {setting_label(setting)}")
@@ -402,8 +533,14 @@ def plot_acceptance_by_position(records: Sequence[dict], path: Path) -> Path | N
     fig, (ax,) = _figure(1)
     for i, (label, (drafted, accepted)) in enumerate(pooled.items()):
         xs = [j + 1 for j, d in enumerate(drafted) if d]
-        ax.plot(xs, [accepted[j - 1] / drafted[j - 1] for j in xs], marker="o", markersize=3, label=label,
-                color=_color(i, len(pooled)))
+        ax.plot(
+            xs,
+            [accepted[j - 1] / drafted[j - 1] for j in xs],
+            marker="o",
+            markersize=3,
+            label=label,
+            color=_color(i, len(pooled)),
+        )
     ax.set_xlabel("draft position")
     ax.set_ylabel("fraction of drafts accepted at this position")
     ax.set_ylim(0, 1.02)

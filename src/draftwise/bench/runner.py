@@ -63,7 +63,9 @@ class BenchConfig:
         if not self.branches or any(not 1 <= b <= 16 for b in self.branches):
             raise ConfigError(f"branches must be in [1, 16], got {list(self.branches)}")
         if not self.draft_temperatures or any(t is not None and t < 0 for t in self.draft_temperatures):
-            raise ConfigError(f"draft temperatures must be >= 0 (or None: same as the target), got {list(self.draft_temperatures)}")
+            raise ConfigError(
+                f"draft temperatures must be >= 0 (or None: same as the target), got {list(self.draft_temperatures)}"
+            )
         if self.repeats < 1:
             raise ConfigError(f"repeats must be >= 1, got {self.repeats}")
         if self.max_tokens < 1:
@@ -116,9 +118,15 @@ class RichProgress:
             TimeRemainingColumn,
         )
 
-        self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                             TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-                             console=Console(stderr=True))
+        self._bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+        )
         self._task = None
 
     def start(self, total: int) -> None:
@@ -162,9 +170,18 @@ def unit_key(question_id: int, context_tokens: int | None, temperature: float) -
 class BenchRunner:
     """Runs a BenchConfig on an engine; `run()` returns the results dict (also on disk)."""
 
-    def __init__(self, engine, prompts: Sequence[Prompt], config: BenchConfig, out_dir: str | Path, *,
-                 resume: bool = False, progress: ProgressSink | None = None, meta: dict | None = None,
-                 filler_pool: Sequence[Prompt] | None = None) -> None:
+    def __init__(
+        self,
+        engine,
+        prompts: Sequence[Prompt],
+        config: BenchConfig,
+        out_dir: str | Path,
+        *,
+        resume: bool = False,
+        progress: ProgressSink | None = None,
+        meta: dict | None = None,
+        filler_pool: Sequence[Prompt] | None = None,
+    ) -> None:
         self.engine = engine
         self.prompts = list(prompts)
         self.config = config
@@ -177,8 +194,9 @@ class BenchRunner:
         self.variants = self._variants()
         meta = dict(meta or {})
         meta.setdefault("drafters", list(self.drafter_objects))
-        meta.setdefault("host", {"platform": platform.platform(), "python": platform.python_version(),
-                                 "cpus": os.cpu_count()})
+        meta.setdefault(
+            "host", {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()}
+        )
         self.out_dir.mkdir(parents=True, exist_ok=True)
         if resume and self.path.exists():
             self.results = load_results(self.path)
@@ -188,8 +206,13 @@ class BenchRunner:
             raise ConfigError(f"{self.path} already exists; pass --resume to continue it or choose another --out")
         else:
             meta["started_at"] = _now()
-            self.results = {"format": FORMAT, "config": _norm(config.to_dict()), "meta": _norm(meta), "complete": False,
-                            "records": []}
+            self.results = {
+                "format": FORMAT,
+                "config": _norm(config.to_dict()),
+                "meta": _norm(meta),
+                "complete": False,
+                "records": [],
+            }
         self.memory = self.results["meta"].setdefault("memory", {})
 
     def _variants(self) -> list[Variant]:
@@ -202,8 +225,8 @@ class BenchRunner:
             # Token trees: only the fixed policy with a drafter that proposes them.
             trees = m.policy == "fixed" and all(hasattr(self.drafter_objects[d], "propose_tree") for d in m.drafters)
             for k in self.config.ks:
-                for dt in (self.config.draft_temperatures if samples else (None,)):
-                    for b in (self.config.branches if trees else (1,)):
+                for dt in self.config.draft_temperatures if samples else (None,):
+                    for b in self.config.branches if trees else (1,):
                         out.append(Variant(m, k, dt, b))
         return out
 
@@ -256,8 +279,12 @@ class BenchRunner:
             if self.progress:
                 self.progress.update(f"warm-up {variant.method.name}")
             try:
-                self.engine.generate("Count: one, two, three, four, five, six", sampling=sampling,
-                                     speculation=variant.speculation(), drafters=list(variant.method.drafters) or None)
+                self.engine.generate(
+                    "Count: one, two, three, four, five, six",
+                    sampling=sampling,
+                    speculation=variant.speculation(),
+                    drafters=list(variant.method.drafters) or None,
+                )
             except Exception:  # the measured runs will record the failure
                 pass
         calibration = cached_calibration(self.engine)
@@ -268,8 +295,13 @@ class BenchRunner:
         if ctx is None:
             return prompt
         tok = self.engine.tokenizer
-        return pad_prompt(prompt, ctx, filler_for(prompt, self.filler_pool),
-                          lambda text: tok.encode(text, add_special=False), tok.decode)
+        return pad_prompt(
+            prompt,
+            ctx,
+            filler_for(prompt, self.filler_pool),
+            lambda text: tok.encode(text, add_special=False),
+            tok.decode,
+        )
 
     def _warmup(self, prompt: Prompt) -> dict[str, dict]:
         """Decode a few tokens plainly and with each drafter: caches hold the prompt, code paths are hot.
@@ -283,20 +315,23 @@ class BenchRunner:
         out: dict[str, dict] = {}
         rss_before = current_rss_mb()
         for name in ["", *needed]:
-            spec = (SpeculationConfig(enabled=False) if not name
-                    else SpeculationConfig(policy="fixed", max_draft_tokens=2))
+            spec = (
+                SpeculationConfig(enabled=False) if not name else SpeculationConfig(policy="fixed", max_draft_tokens=2)
+            )
             if self.progress:
                 self.progress.update(f"q{prompt.question_id} {prompt.category} · warm-up {name or 'plain'}")
             try:
-                result = self.engine.generate(messages=messages, sampling=sampling, speculation=spec,
-                                              drafters=[name] if name else None)
+                result = self.engine.generate(
+                    messages=messages, sampling=sampling, speculation=spec, drafters=[name] if name else None
+                )
             except Exception:  # the measured runs will record the failure
                 continue
             out[name] = {"prefill_ms": result.stats.prefill_ms, "draft_ms": result.stats.draft_ms}
             if not name:
                 rss_before = current_rss_mb()
         if "draft_runtime_overhead_mb" not in self.memory and any(
-                getattr(self.drafter_objects[n], "backend", None) is not None for n in out if n):
+            getattr(self.drafter_objects[n], "backend", None) is not None for n in out if n
+        ):
             # NOTE: model weights are memory-mapped and count once touched, so the draft model's
             # share of RSS shows after its first use; measured once, on the first prompt.
             self.memory["draft_runtime_overhead_mb"] = round(max(0.0, current_rss_mb() - rss_before), 1)
@@ -309,18 +344,34 @@ class BenchRunner:
         for name, state in history.items():
             self.drafter_objects[name].restore(state)
 
-    def _run_unit(self, prompt: Prompt, original: Prompt, ctx: int | None, temperature: float,
-                  cold: dict[str, dict], history_state: dict | None = None) -> list[dict]:
+    def _run_unit(
+        self,
+        prompt: Prompt,
+        original: Prompt,
+        ctx: int | None,
+        temperature: float,
+        cold: dict[str, dict],
+        history_state: dict | None = None,
+    ) -> list[dict]:
         cfg = self.config
-        sampling = SamplingParams(temperature=temperature, top_k=cfg.top_k, top_p=cfg.top_p, min_p=cfg.min_p,
-                                  seed=cfg.seed, max_tokens=cfg.max_tokens, ignore_eos=cfg.ignore_eos)
+        sampling = SamplingParams(
+            temperature=temperature,
+            top_k=cfg.top_k,
+            top_p=cfg.top_p,
+            min_p=cfg.min_p,
+            seed=cfg.seed,
+            max_tokens=cfg.max_tokens,
+            ignore_eos=cfg.ignore_eos,
+        )
         runs: dict[tuple[int, int], list[dict]] = {}
         # Baseline first: its answers become every method's conversation history, so later
         # turns pose the same task to every method. (Batched verification on llama.cpp can
         # flip a near-tie, DESIGN.md section 7; a method's own, different answer would
         # otherwise change what the next turn measures.)
-        order = sorted(range(len(self.variants)),
-                       key=lambda vi: (self.variants[vi].method.enabled, not self.variants[vi].method.constrained))
+        order = sorted(
+            range(len(self.variants)),
+            key=lambda vi: (self.variants[vi].method.enabled, not self.variants[vi].method.constrained),
+        )
         schema = original.json_schema
         for _ in range(cfg.repeats):
             reference: dict[int, str] = {}  # turn -> the baseline's answer in this repeat
@@ -331,19 +382,23 @@ class BenchRunner:
                 history: list[dict] = []
                 for turn, text in enumerate(prompt.turns):
                     if self.progress:
-                        self.progress.update(f"q{prompt.question_id} {prompt.category} · "
-                                             f"{_describe(variant)} · turn {turn + 1}/{len(prompt.turns)}"
-                                             + (f" · T={temperature:g}" if len(cfg.temperatures) > 1 else ""))
+                        self.progress.update(
+                            f"q{prompt.question_id} {prompt.category} · "
+                            f"{_describe(variant)} · turn {turn + 1}/{len(prompt.turns)}"
+                            + (f" · T={temperature:g}" if len(cfg.temperatures) > 1 else "")
+                        )
                     messages = [*history, {"role": "user", "content": text}]
-                    run = self._measure(messages, _constrained(sampling, schema, variant), variant,
-                                        original.prediction_for(turn))
+                    run = self._measure(
+                        messages, _constrained(sampling, schema, variant), variant, original.prediction_for(turn)
+                    )
                     runs.setdefault((vi, turn), []).append(run)
                     if self.progress:
                         self.progress.advance()
                     if run["error"]:
                         for later in range(turn + 1, len(prompt.turns)):
                             runs.setdefault((vi, later), []).append(
-                                {"error": f"skipped: turn {turn} failed ({run['error']})"})
+                                {"error": f"skipped: turn {turn} failed ({run['error']})"}
+                            )
                             if self.progress:
                                 self.progress.advance()
                         break
@@ -355,16 +410,27 @@ class BenchRunner:
         for (vi, turn), tries in sorted(runs.items()):
             variant = self.variants[vi]
             record = {
-                "question_id": original.question_id, "category": original.category, "turn": turn,
-                "method": variant.method.name, "policy_name": variant.method.policy if variant.method.enabled else "none",
-                "drafters": list(variant.method.drafters), "k": variant.k, "draft_temperature": variant.draft_temperature,
+                "question_id": original.question_id,
+                "category": original.category,
+                "turn": turn,
+                "method": variant.method.name,
+                "policy_name": variant.method.policy if variant.method.enabled else "none",
+                "drafters": list(variant.method.drafters),
+                "k": variant.k,
+                "draft_temperature": variant.draft_temperature,
                 "branches": variant.branches,
-                "temperature": temperature, "context_tokens": ctx, "seed": cfg.seed,
-                "max_tokens": cfg.max_tokens, "repeats": len(tries),
+                "temperature": temperature,
+                "context_tokens": ctx,
+                "seed": cfg.seed,
+                "max_tokens": cfg.max_tokens,
+                "repeats": len(tries),
                 "cold_prefill_ms": cold.get("", {}).get("prefill_ms"),
                 "cold_draft_ms": _cold_draft_ms(variant, cold, self._uses_model(variant)),
-                "memory_overhead_mb": (self.memory.get("draft_overhead_mb", self.memory.get("draft_runtime_overhead_mb"))
-                                       if self._uses_model(variant) else 0.0),
+                "memory_overhead_mb": (
+                    self.memory.get("draft_overhead_mb", self.memory.get("draft_runtime_overhead_mb"))
+                    if self._uses_model(variant)
+                    else 0.0
+                ),
                 "constrained": schema is not None and variant.method.constrained,
             }
             failed = [t["error"] for t in tries if t["error"]]
@@ -383,12 +449,18 @@ class BenchRunner:
             r.pop("_token_ids", None)
         return records
 
-    def _measure(self, messages: list[dict], sampling: SamplingParams, variant: Variant,
-                 prediction: str | None = None) -> dict:
+    def _measure(
+        self, messages: list[dict], sampling: SamplingParams, variant: Variant, prediction: str | None = None
+    ) -> dict:
         engine = self.engine
         try:
-            gen = engine.stream(messages=messages, sampling=sampling, speculation=variant.speculation(),
-                                drafters=list(variant.method.drafters) or None, prediction=prediction)
+            gen = engine.stream(
+                messages=messages,
+                sampling=sampling,
+                speculation=variant.speculation(),
+                drafters=list(variant.method.drafters) or None,
+                prediction=prediction,
+            )
             clock, competing = WindowClock(), CompetingLoad()
             for piece in gen:
                 clock.piece(piece)
@@ -397,8 +469,9 @@ class BenchRunner:
         except Exception as exc:  # one failing method must not end the run
             return {"error": f"{type(exc).__name__}: {exc}"}
         stats = result.stats
-        windows = clock.windows(result.token_ids, engine.tokenizer.decode, stats.prefill_ms / 1000,
-                                self.config.window_tokens)
+        windows = clock.windows(
+            result.token_ids, engine.tokenizer.decode, stats.prefill_ms / 1000, self.config.window_tokens
+        )
         return {
             "error": None,
             "new_tokens": stats.num_generated,
@@ -425,8 +498,9 @@ def cached_calibration(engine) -> dict:
     except ImportError:
         return {}
     out = {}
-    backends = [("target", getattr(engine, "target", None))] + [(d.name, getattr(d, "backend", None))
-                                                                for d in engine.drafters]
+    backends = [("target", getattr(engine, "target", None))] + [
+        (d.name, getattr(d, "backend", None)) for d in engine.drafters
+    ]
     for name, backend in backends:
         if backend is None:
             continue
@@ -447,8 +521,11 @@ def _compare_with_baseline(records: list[dict], greedy: bool) -> None:
     time, so a machine that slows down or speeds up between two runs (shared, noisy) cancels;
     None when either run has fewer than MIN_PLAIN_STEPS plain steps to time that unit.
     """
-    base = {(r["turn"], r.get("constrained", False)): r for r in records
-            if r["policy_name"] == "none" and not r.get("error")}
+    base = {
+        (r["turn"], r.get("constrained", False)): r
+        for r in records
+        if r["policy_name"] == "none" and not r.get("error")
+    }
     for r in records:
         if r.get("error"):
             continue
@@ -519,8 +596,10 @@ def _check_same_run(results: dict, config: BenchConfig, meta: dict, path: Path) 
     old, new = results.get("config", {}), config.to_dict()
     for key in new:
         if _norm(old.get(key)) != _norm(new[key]):
-            raise ConfigError(f"cannot resume {path}: {key} was {old.get(key)!r}, now {new[key]!r}; "
-                              "use the same settings or another --out")
+            raise ConfigError(
+                f"cannot resume {path}: {key} was {old.get(key)!r}, now {new[key]!r}; "
+                "use the same settings or another --out"
+            )
     for key in ("target", "draft_model"):
         if key in meta and results.get("meta", {}).get(key) != meta[key]:
             raise ConfigError(f"cannot resume {path}: {key} was {results['meta'].get(key)!r}, now {meta[key]!r}")
@@ -546,8 +625,16 @@ class LoadedBench:
     memory: dict = field(default_factory=dict)
 
 
-def load_bench_engine(target: str, draft_model: str | None, *, need_draft: bool, options, progress=None,
-                      datastore: str | None = None, auto_only: bool = False) -> LoadedBench:
+def load_bench_engine(
+    target: str,
+    draft_model: str | None,
+    *,
+    need_draft: bool,
+    options,
+    progress=None,
+    datastore: str | None = None,
+    auto_only: bool = False,
+) -> LoadedBench:
     """Load the target (+ n-gram drafter) and, only if a method needs it, the draft model.
 
     Resident memory is read before loading, after the target has decoded a few tokens,
@@ -594,6 +681,12 @@ def load_bench_engine(target: str, draft_model: str | None, *, need_draft: bool,
 
 
 def _touch(engine, drafter: str | None) -> None:
-    spec = SpeculationConfig(enabled=False) if drafter is None else SpeculationConfig(policy="fixed", max_draft_tokens=2)
-    engine.generate("The quick brown fox jumps over the lazy dog. " * 4, sampling=SamplingParams(max_tokens=8),
-                    speculation=spec, drafters=[drafter] if drafter else None)
+    spec = (
+        SpeculationConfig(enabled=False) if drafter is None else SpeculationConfig(policy="fixed", max_draft_tokens=2)
+    )
+    engine.generate(
+        "The quick brown fox jumps over the lazy dog. " * 4,
+        sampling=SamplingParams(max_tokens=8),
+        speculation=spec,
+        drafters=[drafter] if drafter else None,
+    )

@@ -27,8 +27,9 @@ class WindowClock:
         self.times.append(time.perf_counter() - self.start)
         self.chars.append((self.chars[-1] if self.chars else 0) + len(text))
 
-    def windows(self, token_ids: Sequence[int], decode: Callable[[Sequence[int]], str], decode_start_s: float,
-                window: int = 32) -> list[float | None]:
+    def windows(
+        self, token_ids: Sequence[int], decode: Callable[[Sequence[int]], str], decode_start_s: float, window: int = 32
+    ) -> list[float | None]:
         """Tokens/s of each full window of `window` tokens (a shorter output: one partial window).
 
         decode_start_s is when decoding began (after prefill), in seconds since start.
@@ -100,4 +101,3 @@ class CompetingLoad:
         if wall <= 0:
             return 0.0
         return min(1.0, max(0.0, (busy - own) / (wall * self._cpus)))
-

@@ -21,6 +21,15 @@ def main() -> None:
     """draftwise: lossless speculative decoding for local LLMs."""
 
 
-for command in (models.pull, generate.generate, generate.demo, serve.serve, bench.bench, bench.bench_serve,
-                models.calibrate, models.index, bench.replay):
+for command in (
+    models.pull,
+    generate.generate,
+    generate.demo,
+    serve.serve,
+    bench.bench,
+    bench.bench_serve,
+    models.calibrate,
+    models.index,
+    bench.replay,
+):
     main.add_command(command)

@@ -25,23 +25,60 @@ SAMPLING = SamplingParams()
 
 
 @click.command()
-@click.option("--suite", default=None, help="Shipped prompts: quick (2 per category), full, or one category's file. "
-              "Default: quick.")
-@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
-              help="A Spec-Bench-style JSONL prompt file instead of a suite.")
+@click.option(
+    "--suite",
+    default=None,
+    help="Shipped prompts: quick (2 per category), full, or one category's file. Default: quick.",
+)
+@click.option(
+    "--prompts",
+    "prompts_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="A Spec-Bench-style JSONL prompt file instead of a suite.",
+)
 @click.option("--categories", default=None, help="Only these categories, comma-separated.")
-@click.option("--methods", default="baseline,auto,draft,ngram", show_default=True,
-              help="Comma-separated: baseline, draft, ngram, heuristic, auto, D1+D2 (auto over both), POLICY:D.")
-@click.option("--max-tokens", type=int, default=None,
-              help=f"Per turn. Default: {QUICK_MAX_TOKENS} for --suite quick, else {MAX_TOKENS}.")
-@click.option("--temperature", callback=csv(float), default="0", show_default=True,
-              help="Target temperature(s), comma-separated: one record set each (0 = greedy).")
-@click.option("--draft-temperature", callback=csv(float, allow_same=True), default="same", show_default=True,
-              help="Draft model temperature(s), comma-separated; 'same' = the target's.")
-@click.option("--k", "ks", callback=csv(int), default="4", show_default=True,
-              help="Draft length(s) k, comma-separated: one record set each.")
-@click.option("--branches", callback=csv(int), default="1", show_default=True,
-              help="Token-tree widths for fixed-policy n-gram methods (greedy): 1 = a chain; e.g. 1,3.")
+@click.option(
+    "--methods",
+    default="baseline,auto,draft,ngram",
+    show_default=True,
+    help="Comma-separated: baseline, draft, ngram, heuristic, auto, D1+D2 (auto over both), POLICY:D.",
+)
+@click.option(
+    "--max-tokens",
+    type=int,
+    default=None,
+    help=f"Per turn. Default: {QUICK_MAX_TOKENS} for --suite quick, else {MAX_TOKENS}.",
+)
+@click.option(
+    "--temperature",
+    callback=csv(float),
+    default="0",
+    show_default=True,
+    help="Target temperature(s), comma-separated: one record set each (0 = greedy).",
+)
+@click.option(
+    "--draft-temperature",
+    callback=csv(float, allow_same=True),
+    default="same",
+    show_default=True,
+    help="Draft model temperature(s), comma-separated; 'same' = the target's.",
+)
+@click.option(
+    "--k",
+    "ks",
+    callback=csv(int),
+    default="4",
+    show_default=True,
+    help="Draft length(s) k, comma-separated: one record set each.",
+)
+@click.option(
+    "--branches",
+    callback=csv(int),
+    default="1",
+    show_default=True,
+    help="Token-tree widths for fixed-policy n-gram methods (greedy): 1 = a chain; e.g. 1,3.",
+)
 @click.option("--repeats", type=int, default=1, show_default=True, help="Run each prompt N times; keep the median.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--top-p", type=float, default=SAMPLING.top_p, show_default=True)
@@ -50,17 +87,48 @@ SAMPLING = SamplingParams()
 @click.option("--ignore-eos", is_flag=True, help="Always generate --max-tokens tokens (for speed over long outputs).")
 @click.option("--context-sweep", is_flag=True, help="Pad prompts to each --context-lengths size.")
 @click.option("--context-lengths", callback=csv(int), default="256,1024,4096", show_default=True)
-@click.option("--draft-model", default=models.DEFAULT_DRAFT, show_default=True,
-              help="Draft model for the draft/heuristic/auto methods ('none': n-gram only). Loaded only if needed.")
+@click.option(
+    "--draft-model",
+    default=models.DEFAULT_DRAFT,
+    show_default=True,
+    help="Draft model for the draft/heuristic/auto methods ('none': n-gram only). Loaded only if needed.",
+)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="bench-out", show_default=True)
 @click.option("--resume", is_flag=True, help="Continue the results.json in --out, skipping finished prompts.")
 @click.option("--report-only", is_flag=True, help="Only rewrite report.md and the plots from --out/results.json.")
 @click.option("--datastore", default=None, help="A retrieval datastore (draftwise index build): drafter 'datastore'.")
 @model_options
 @friendly_errors
-def bench(suite, prompts_file, categories, methods, max_tokens, temperature, draft_temperature, ks, branches, repeats,
-          seed, top_p, top_k, min_p, ignore_eos, context_sweep, context_lengths, draft_model, out_dir, resume,
-          report_only, datastore, target, backend, n_ctx, threads, dtype, device) -> None:
+def bench(
+    suite,
+    prompts_file,
+    categories,
+    methods,
+    max_tokens,
+    temperature,
+    draft_temperature,
+    ks,
+    branches,
+    repeats,
+    seed,
+    top_p,
+    top_k,
+    min_p,
+    ignore_eos,
+    context_sweep,
+    context_lengths,
+    draft_model,
+    out_dir,
+    resume,
+    report_only,
+    datastore,
+    target,
+    backend,
+    n_ctx,
+    threads,
+    dtype,
+    device,
+) -> None:
     """Benchmark methods per task category; writes results.json, report.md and PNG plots to --out."""
     from draftwise.bench import prompts as bench_prompts
     from draftwise.bench import report as bench_report
@@ -90,10 +158,21 @@ def bench(suite, prompts_file, categories, methods, max_tokens, temperature, dra
     specs = parse_methods(methods, free + (["draft"] if draft_model else []))
     need_draft = any("draft" in m.drafters for m in specs)
     auto_only = all(m.policy == "auto" for m in specs if "draft" in m.drafters)
-    config = BenchConfig(methods=tuple(m.name for m in specs), max_tokens=max_tokens, temperatures=temperature,
-                         ks=ks, branches=branches, draft_temperatures=draft_temperature, repeats=repeats,
-                         context_lengths=context_lengths if context_sweep else (), seed=seed, top_k=top_k,
-                         top_p=top_p, min_p=min_p, ignore_eos=ignore_eos)
+    config = BenchConfig(
+        methods=tuple(m.name for m in specs),
+        max_tokens=max_tokens,
+        temperatures=temperature,
+        ks=ks,
+        branches=branches,
+        draft_temperatures=draft_temperature,
+        repeats=repeats,
+        context_lengths=context_lengths if context_sweep else (),
+        seed=seed,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        ignore_eos=ignore_eos,
+    )
     # Room for the longest prompt (padded or shipped) plus two turns of output.
     needed = (max(config.context_lengths) if config.context_lengths else 1536) + 2 * max_tokens + 256
     if needed > n_ctx:
@@ -103,15 +182,30 @@ def bench(suite, prompts_file, categories, methods, max_tokens, temperature, dra
         click.echo("note: no baseline among the methods, so speedup and identical are not computed", err=True)
     options = replace(load_options(backend, n_ctx, threads, dtype, device), n_seq_max=max(config.branches))
     with download_progress() as report:
-        loaded = load_bench_engine(target, draft_model, need_draft=need_draft, options=options, progress=report,
-                                   datastore=datastore, auto_only=auto_only)
+        loaded = load_bench_engine(
+            target,
+            draft_model,
+            need_draft=need_draft,
+            options=options,
+            progress=report,
+            datastore=datastore,
+            auto_only=auto_only,
+        )
     say_skipped(loaded.engine)
     need_draft = need_draft and not loaded.engine.skipped_drafters
-    meta = {"target": target, "draft_model": draft_model if need_draft else None, "prompts": source,
-            "num_prompts": len(chosen), "backend": backend, "n_ctx": n_ctx, "threads": threads,
-            "memory": loaded.memory}
-    runner = BenchRunner(loaded.engine, chosen, config, out, resume=resume, progress=RichProgress(), meta=meta,
-                         filler_pool=pool)
+    meta = {
+        "target": target,
+        "draft_model": draft_model if need_draft else None,
+        "prompts": source,
+        "num_prompts": len(chosen),
+        "backend": backend,
+        "n_ctx": n_ctx,
+        "threads": threads,
+        "memory": loaded.memory,
+    }
+    runner = BenchRunner(
+        loaded.engine, chosen, config, out, resume=resume, progress=RichProgress(), meta=meta, filler_pool=pool
+    )
     try:
         results = runner.run()
     finally:
@@ -141,32 +235,91 @@ def _print_bench_tables(results: dict) -> None:
 
 @click.command("bench-serve")
 @click.argument("compare_dirs", nargs=-1, type=click.Path(exists=True), metavar="[RESULTS]...")
-@click.option("--url", default=None, help="A running OpenAI-compatible server (draftwise serve, llama-server, ...). "
-              "Default: start draftwise serve on a free loopback port for the run.")
-@click.option("--serve-args", default="", help="Options for the draftwise serve started without --url, "
-              "e.g. \"--draft ngram --k 8\".")
-@click.option("--startup-timeout", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True,
-              help="Seconds to wait for the started server's /health.")
-@click.option("--api-key", default=None, help="Send 'Authorization: Bearer KEY' (a server started with --serve-args "
-              "\"--api-key KEY\" needs it too). Never written to the results.")
+@click.option(
+    "--url",
+    default=None,
+    help="A running OpenAI-compatible server (draftwise serve, llama-server, ...). "
+    "Default: start draftwise serve on a free loopback port for the run.",
+)
+@click.option(
+    "--serve-args",
+    default="",
+    help='Options for the draftwise serve started without --url, e.g. "--draft ngram --k 8".',
+)
+@click.option(
+    "--startup-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=600.0,
+    show_default=True,
+    help="Seconds to wait for the started server's /health.",
+)
+@click.option(
+    "--api-key",
+    default=None,
+    help="Send 'Authorization: Bearer KEY' (a server started with --serve-args "
+    '"--api-key KEY" needs it too). Never written to the results.',
+)
 @click.option("--model", default=None, help="The requests' model field. Default: the first one /v1/models lists.")
-@click.option("--suite", default="quick", show_default=True,
-              help="Shipped prompts (the first turn of each): quick, full, or one category's file.")
-@click.option("--concurrency", "levels", callback=csv(int), default="1,2,4,8", show_default=True,
-              help="Concurrent clients per level, comma-separated.")
-@click.option("--requests", "num_requests", type=click.IntRange(min=1), default=16, show_default=True,
-              help="Requests per level, shared by its clients.")
+@click.option(
+    "--suite",
+    default="quick",
+    show_default=True,
+    help="Shipped prompts (the first turn of each): quick, full, or one category's file.",
+)
+@click.option(
+    "--concurrency",
+    "levels",
+    callback=csv(int),
+    default="1,2,4,8",
+    show_default=True,
+    help="Concurrent clients per level, comma-separated.",
+)
+@click.option(
+    "--requests",
+    "num_requests",
+    type=click.IntRange(min=1),
+    default=16,
+    show_default=True,
+    help="Requests per level, shared by its clients.",
+)
 @click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True)
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True,
-              help="Seconds a request may wait for the server's next bytes before it counts as an error.")
-@click.option("--label", default=None, help="This run's name in reports and --compare (default: 'draftwise' for a "
-              "started server, else the URL).")
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=600.0,
+    show_default=True,
+    help="Seconds a request may wait for the server's next bytes before it counts as an error.",
+)
+@click.option(
+    "--label",
+    default=None,
+    help="This run's name in reports and --compare (default: 'draftwise' for a started server, else the URL).",
+)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="bench-serve-out", show_default=True)
-@click.option("--compare", is_flag=True, help="Only compare RESULTS (bench-serve --out directories or results.json "
-              "files), the first as the reference; writes --out/compare.md.")
+@click.option(
+    "--compare",
+    is_flag=True,
+    help="Only compare RESULTS (bench-serve --out directories or results.json "
+    "files), the first as the reference; writes --out/compare.md.",
+)
 @friendly_errors
-def bench_serve(compare_dirs, url, serve_args, startup_timeout, api_key, model, suite, levels, num_requests, max_tokens,
-                timeout_s, label, out_dir, compare) -> None:
+def bench_serve(
+    compare_dirs,
+    url,
+    serve_args,
+    startup_timeout,
+    api_key,
+    model,
+    suite,
+    levels,
+    num_requests,
+    max_tokens,
+    timeout_s,
+    label,
+    out_dir,
+    compare,
+) -> None:
     """Load-test an OpenAI-compatible server: C streaming clients per level; tok/s, TTFT and latency percentiles.
 
     Writes results.json, report.md and throughput.png to --out. With --compare, reads earlier runs instead.
@@ -191,10 +344,16 @@ def bench_serve(compare_dirs, url, serve_args, startup_timeout, api_key, model, 
     if url and serve_args:
         raise click.UsageError("--serve-args is for the server bench-serve starts; it cannot change the one at --url")
     prompts = [p.turns[0] for p in load_suite(suite)]
-    server = (contextlib.nullcontext() if url else
-              load.ServeProcess(shlex.split(serve_args), startup_timeout_s=startup_timeout))
-    meta = {"label": label or ("draftwise" if not url else url), "prompts": f"suite {suite}",
-            "command": shlex.join(["draftwise", *load.redact_api_keys(sys.argv[1:])])}
+    server = (
+        contextlib.nullcontext()
+        if url
+        else load.ServeProcess(shlex.split(serve_args), startup_timeout_s=startup_timeout)
+    )
+    meta = {
+        "label": label or ("draftwise" if not url else url),
+        "prompts": f"suite {suite}",
+        "command": shlex.join(["draftwise", *load.redact_api_keys(sys.argv[1:])]),
+    }
     with server as started:
         if started is not None:
             # command: [python, -m, draftwise.cli, serve, ...]
@@ -202,11 +361,24 @@ def bench_serve(compare_dirs, url, serve_args, startup_timeout, api_key, model, 
             click.echo(f"started {meta['serve_command']} at {started.url}", err=True)
 
         def say(s: dict) -> None:
-            click.echo(f"C={s['concurrency']}: {s['num_requests']} requests, {s['num_errors']} errors, "
-                       f"{s['tokens_per_second'] or 0:.1f} tok/s", err=True)
+            click.echo(
+                f"C={s['concurrency']}: {s['num_requests']} requests, {s['num_errors']} errors, "
+                f"{s['tokens_per_second'] or 0:.1f} tok/s",
+                err=True,
+            )
 
-        results = load.run_bench(url or started.url, prompts, levels, num_requests=num_requests, max_tokens=max_tokens,
-                                 model=model, api_key=api_key, timeout_s=timeout_s, meta=meta, progress=say)
+        results = load.run_bench(
+            url or started.url,
+            prompts,
+            levels,
+            num_requests=num_requests,
+            max_tokens=max_tokens,
+            model=model,
+            api_key=api_key,
+            timeout_s=timeout_s,
+            meta=meta,
+            progress=say,
+        )
     report = load_report.write_outputs(results, out)
     click.echo(f"results: {out / 'results.json'}\nreport: {report}", err=True)
     click.echo(load_report.level_table(results))
@@ -214,24 +386,44 @@ def bench_serve(compare_dirs, url, serve_args, startup_timeout, api_key, model, 
 
 @click.command()
 @click.argument("results_path", metavar="RESULTS", type=click.Path(exists=True))
-@click.option("--drafters", "sets", default="ngram,suffix,ngram+suffix", show_default=True,
-              help="Drafter sets to replay, comma-separated; '+' joins drafters into one auto set.")
+@click.option(
+    "--drafters",
+    "sets",
+    default="ngram,suffix,ngram+suffix",
+    show_default=True,
+    help="Drafter sets to replay, comma-separated; '+' joins drafters into one auto set.",
+)
 @click.option("--datastore", default=None, help="A datastore for sets that name 'datastore'.")
 @click.option("--categories", default=None, help="Only these categories, comma-separated.")
 @click.option("--free-lookups", is_flag=True, help="Count lookups as free (and never back off): deterministic.")
-@click.option("--noise", type=float, default=0.0, show_default=True,
-              help="Log-normal sigma of per-step timing noise, e.g. 0.15 for a shared machine.")
+@click.option(
+    "--noise",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Log-normal sigma of per-step timing noise, e.g. 0.15 for a shared machine.",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the timing noise.")
-@click.option("--max-k", type=click.IntRange(1, 256), default=None,
-              help=f"Longest draft the policy plans (default: the auto policy's, {MAX_K}).")
-@click.option("--curve", "curve_path", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="A cost curve to replay with instead of the run's: another run's results.json "
-                   "or a calibration file (under the cache directory's calibration/).")
+@click.option(
+    "--max-k",
+    type=click.IntRange(1, 256),
+    default=None,
+    help=f"Longest draft the policy plans (default: the auto policy's, {MAX_K}).",
+)
+@click.option(
+    "--curve",
+    "curve_path",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="A cost curve to replay with instead of the run's: another run's results.json "
+    "or a calibration file (under the cache directory's calibration/).",
+)
 @click.option("--oracle", is_flag=True, help="Also show each set's hindsight optimum and the share the policy takes.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @friendly_errors
-def replay(results_path, sets, datastore, categories, free_lookups, noise, seed, max_k, curve_path, oracle,
-           as_json) -> None:
+def replay(
+    results_path, sets, datastore, categories, free_lookups, noise, seed, max_k, curve_path, oracle, as_json
+) -> None:
     """Replay a bench run's baseline answers through the auto policy and free drafters (no model run).
 
     RESULTS is a bench --out directory or its results.json; its greedy baseline answers and
@@ -248,8 +440,11 @@ def replay(results_path, sets, datastore, categories, free_lookups, noise, seed,
     curve = bench_replay.calibrated_curve(json.loads(Path(curve_path).read_text()) if curve_path else results)
     meta = results.get("meta", {})
     source = str(meta.get("prompts", ""))
-    pool = (bench_prompts.load_suite(source.removeprefix("suite ")) if source.startswith("suite ")
-            else bench_prompts.load_prompts(source))
+    pool = (
+        bench_prompts.load_suite(source.removeprefix("suite "))
+        if source.startswith("suite ")
+        else bench_prompts.load_prompts(source)
+    )
     chosen = bench_prompts.filter_categories(pool, [c.strip() for c in categories.split(",")] if categories else None)
 
     def make(name: str):
@@ -264,41 +459,78 @@ def replay(results_path, sets, datastore, categories, free_lookups, noise, seed,
     drafter_sets = {s.strip(): [make(n.strip()) for n in s.split("+")] for s in sets.split(",") if s.strip()}
     if not drafter_sets:
         raise ConfigError("--drafters names no drafter set")
-    backend = load_backend(meta.get("target", models.DEFAULT_TARGET),
-                           LoadOptions(backend=meta.get("backend", "auto"), n_ctx=256))
+    backend = load_backend(
+        meta.get("target", models.DEFAULT_TARGET), LoadOptions(backend=meta.get("backend", "auto"), n_ctx=256)
+    )
     try:
-        runs = bench_replay.replay(chosen, answers, backend.tokenizer, drafter_sets, curve,
-                                   count_lookups=not free_lookups, noise=noise, seed=seed,
-                                   max_k=max_k or MAX_K, oracle=oracle)
+        runs = bench_replay.replay(
+            chosen,
+            answers,
+            backend.tokenizer,
+            drafter_sets,
+            curve,
+            count_lookups=not free_lookups,
+            noise=noise,
+            seed=seed,
+            max_k=max_k or MAX_K,
+            oracle=oracle,
+        )
     finally:
         backend.close()
     summary = bench_replay.summarize(runs)
     live = bench_account.splits(results, curve)  # records with a time account: live against replay
     if as_json:
-        click.echo(json.dumps({**summary, **({"live_vs_replay": [dataclasses.asdict(s) | {"kept": s.kept}
-                                                                  for s, _ in live]} if live else {})}, indent=2))
+        click.echo(
+            json.dumps(
+                {
+                    **summary,
+                    **({"live_vs_replay": [dataclasses.asdict(s) | {"kept": s.kept} for s, _ in live]} if live else {}),
+                },
+                indent=2,
+            )
+        )
         return
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"replay of {path}: tokens/step · speedup vs plain",
-                  caption=f"cost curve, ms by tokens per forward: {dict(curve.points)}")
+    table = Table(
+        title=f"replay of {path}: tokens/step · speedup vs plain",
+        caption=f"cost curve, ms by tokens per forward: {dict(curve.points)}",
+    )
     table.add_column("category")
     for name in drafter_sets:
         table.add_column(name, justify="right")
     for category, by_set in summary.items():
-        table.add_row(category, *(f"{by_set[n]['tokens_per_step']:.2f} · {by_set[n]['speedup']:.3f}x"
-                                  + (f" · oracle {by_set[n]['oracle_speedup']:.3f}x" if oracle else "")
-                                  for n in drafter_sets))
+        table.add_row(
+            category,
+            *(
+                f"{by_set[n]['tokens_per_step']:.2f} · {by_set[n]['speedup']:.3f}x"
+                + (f" · oracle {by_set[n]['oracle_speedup']:.3f}x" if oracle else "")
+                for n in drafter_sets
+            ),
+        )
     console = Console(width=160)
     console.print(table)
     for result, buckets in live:
-        split = Table(title=f"{result.method}: measured decode time against the replayed forwards of the same "
-                            f"{result.num_steps} steps (kept {result.kept:.1%})")
+        split = Table(
+            title=f"{result.method}: measured decode time against the replayed forwards of the same "
+            f"{result.num_steps} steps (kept {result.kept:.1%})"
+        )
         for column in ("measured ms", "replayed ms", "cost-curve error", "noise", "step overhead", "other"):
             split.add_column(column, justify="right")
-        split.add_row(*(f"{v:.0f}" for v in (result.decode_ms, result.replayed_ms, result.curve_error_ms,
-                                              result.noise_ms, result.overhead_ms, result.other_ms)))
+        split.add_row(
+            *(
+                f"{v:.0f}"
+                for v in (
+                    result.decode_ms,
+                    result.replayed_ms,
+                    result.curve_error_ms,
+                    result.noise_ms,
+                    result.overhead_ms,
+                    result.other_ms,
+                )
+            )
+        )
         console.print(split)
         by_bucket = Table(title="forward by rows x context: measured against the curve (ms per step)")
         for column in ("rows from", "context from", "steps", "measured", "curve", "median ratio"):

@@ -25,8 +25,11 @@ EXIT_INTERRUPTED = 130
 # The library's errors that mean "a bad argument or a missing model", not a bug.
 KNOWN_ERRORS = (ConfigError, ModelError, BackendError, TokenizerMismatchError, FileNotFoundError)
 
-DRAFT_HELP = ("Drafters: a draft model (name or path), " + ", ".join(f"'{name}'" for name in FREE_DRAFTERS)
-              + ", 'none', or several comma-separated.")
+DRAFT_HELP = (
+    "Drafters: a draft model (name or path), "
+    + ", ".join(f"'{name}'" for name in FREE_DRAFTERS)
+    + ", 'none', or several comma-separated."
+)
 DATASTORE_HELP = "A retrieval datastore (draftwise index build) to draft from."
 
 
@@ -56,44 +59,82 @@ def _apply(fn, opts):
 def model_options(fn):
     """Options shared by generate, demo, bench, serve and calibrate: which target, on what."""
     defaults = LoadOptions()
-    return _apply(fn, [
-        click.option("--target", default=models.DEFAULT_TARGET, show_default=True,
-                     help="Target model: a registry name, a .gguf file or a transformers directory."),
-        click.option("--backend", type=click.Choice(BACKENDS), default=defaults.backend, show_default=True),
-        click.option("--n-ctx", type=int, default=defaults.n_ctx, show_default=True, help="Context window in tokens."),
-        click.option("--threads", type=int, default=None, help="CPU threads (default: all available)."),
-        click.option("--dtype", default=defaults.dtype, show_default=True, help=f"hf backend: {'|'.join(DTYPES)}."),
-        click.option("--device", default=defaults.device, show_default=True, help=f"hf backend: {'|'.join(DEVICES)}."),
-    ])
+    return _apply(
+        fn,
+        [
+            click.option(
+                "--target",
+                default=models.DEFAULT_TARGET,
+                show_default=True,
+                help="Target model: a registry name, a .gguf file or a transformers directory.",
+            ),
+            click.option("--backend", type=click.Choice(BACKENDS), default=defaults.backend, show_default=True),
+            click.option(
+                "--n-ctx", type=int, default=defaults.n_ctx, show_default=True, help="Context window in tokens."
+            ),
+            click.option("--threads", type=int, default=None, help="CPU threads (default: all available)."),
+            click.option("--dtype", default=defaults.dtype, show_default=True, help=f"hf backend: {'|'.join(DTYPES)}."),
+            click.option(
+                "--device", default=defaults.device, show_default=True, help=f"hf backend: {'|'.join(DEVICES)}."
+            ),
+        ],
+    )
 
 
 def policy_options(fn):
     """--policy and --k, shared by generate and serve."""
     k = SpeculationConfig().max_draft_tokens
-    return _apply(fn, [
-        click.option("--policy", type=click.Choice(POLICIES), default=SpeculationConfig().policy, show_default=True),
-        click.option("--k", "k", type=int, default=k, show_default=True,
-                     help=f"Draft tokens per step (fixed) or the starting k (heuristic); auto chooses k in "
-                          f"0..{MAX_K} itself."),
-    ])
+    return _apply(
+        fn,
+        [
+            click.option(
+                "--policy", type=click.Choice(POLICIES), default=SpeculationConfig().policy, show_default=True
+            ),
+            click.option(
+                "--k",
+                "k",
+                type=int,
+                default=k,
+                show_default=True,
+                help=f"Draft tokens per step (fixed) or the starting k (heuristic); auto chooses k in "
+                f"0..{MAX_K} itself.",
+            ),
+        ],
+    )
 
 
 def constraint_options(fn):
     """Structured output: at most one of --json-schema, --json-object, --regex, --grammar."""
-    return _apply(fn, [
-        click.option("--json-schema", default=None,
-                     help="Constrain the answer to a JSON schema: a file path or inline JSON."),
-        click.option("--json-object", is_flag=True, help="Constrain the answer to any JSON object."),
-        click.option("--regex", default=None, help="Constrain the answer to a regular expression."),
-        click.option("--grammar", default=None, type=click.Path(dir_okay=False),
-                     help="Constrain the answer to a grammar file (Lark, or llama.cpp GBNF)."),
-    ])
+    return _apply(
+        fn,
+        [
+            click.option(
+                "--json-schema", default=None, help="Constrain the answer to a JSON schema: a file path or inline JSON."
+            ),
+            click.option("--json-object", is_flag=True, help="Constrain the answer to any JSON object."),
+            click.option("--regex", default=None, help="Constrain the answer to a regular expression."),
+            click.option(
+                "--grammar",
+                default=None,
+                type=click.Path(dir_okay=False),
+                help="Constrain the answer to a grammar file (Lark, or llama.cpp GBNF).",
+            ),
+        ],
+    )
 
 
 def constraint_from(json_schema, json_object, regex, grammar) -> Constraint | None:
     """The Constraint the options ask for, or None. Raises ConfigError on a bad combination or file."""
-    given = [name for name, value in (("--json-schema", json_schema), ("--json-object", json_object),
-                                      ("--regex", regex), ("--grammar", grammar)) if value]
+    given = [
+        name
+        for name, value in (
+            ("--json-schema", json_schema),
+            ("--json-object", json_object),
+            ("--regex", regex),
+            ("--grammar", grammar),
+        )
+        if value
+    ]
     if len(given) > 1:
         raise ConfigError(f"give one constraint, not {' and '.join(given)}")
     if json_schema is not None:
@@ -146,8 +187,14 @@ def download_progress():
     """A progress callback for models.pull (one bar per model), stopped on leaving the block."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-    bars = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                    transient=False, console=stderr_console())
+    bars = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        transient=False,
+        console=stderr_console(),
+    )
     tasks: dict[str, int] = {}
 
     def report(message: str, done: int, total: int) -> None:

@@ -30,11 +30,13 @@ from draftwise.types import SamplingParams, SpeculationConfig
 
 SAMPLING = SamplingParams()
 
-DEMO_PROMPT = ("Rewrite this function with type hints and a docstring, changing nothing else:\n\n"
-               "def merge(a, b):\n    out = []\n    i = j = 0\n    while i < len(a) and j < len(b):\n"
-               "        if a[i] <= b[j]:\n            out.append(a[i])\n            i += 1\n        else:\n"
-               "            out.append(b[j])\n            j += 1\n    out.extend(a[i:])\n    out.extend(b[j:])\n"
-               "    return out\n")
+DEMO_PROMPT = (
+    "Rewrite this function with type hints and a docstring, changing nothing else:\n\n"
+    "def merge(a, b):\n    out = []\n    i = j = 0\n    while i < len(a) and j < len(b):\n"
+    "        if a[i] <= b[j]:\n            out.append(a[i])\n            i += 1\n        else:\n"
+    "            out.append(b[j])\n            j += 1\n    out.extend(a[i:])\n    out.extend(b[j:])\n"
+    "    return out\n"
+)
 
 
 @click.command()
@@ -48,22 +50,60 @@ DEMO_PROMPT = ("Rewrite this function with type hints and a docstring, changing 
 @click.option("--top-p", type=float, default=SAMPLING.top_p, show_default=True)
 @click.option("--top-k", type=int, default=SAMPLING.top_k, show_default=True)
 @click.option("--min-p", type=float, default=SAMPLING.min_p, show_default=True)
-@click.option("--draft-temperature", type=float, default=None,
-              help="Drafter's own temperature (default: the target's).")
+@click.option(
+    "--draft-temperature", type=float, default=None, help="Drafter's own temperature (default: the target's)."
+)
 @click.option("--seed", type=int, default=None)
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text, token_ids and metrics.")
 @click.option("--datastore", default=None, help=DATASTORE_HELP)
-@click.option("--branches", type=int, default=1, show_default=True,
-              help="Token trees: verify up to N n-gram continuations per step (greedy, fixed policy).")
-@click.option("--prediction", "prediction_file", default=None, type=click.Path(dir_okay=False, allow_dash=True),
-              help="The expected output (a file, or - for stdin), e.g. the file being edited: drafted from.")
+@click.option(
+    "--branches",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Token trees: verify up to N n-gram continuations per step (greedy, fixed policy).",
+)
+@click.option(
+    "--prediction",
+    "prediction_file",
+    default=None,
+    type=click.Path(dir_okay=False, allow_dash=True),
+    help="The expected output (a file, or - for stdin), e.g. the file being edited: drafted from.",
+)
 @constraint_options
 @model_options
 @friendly_errors
-def generate(prompt, chat, system, draft, policy, k, max_tokens, temperature, top_p, top_k, min_p,
-             draft_temperature, seed, stop, as_json, datastore, branches, prediction_file, json_schema, json_object,
-             regex, grammar, target, backend, n_ctx, threads, dtype, device) -> None:
+def generate(
+    prompt,
+    chat,
+    system,
+    draft,
+    policy,
+    k,
+    max_tokens,
+    temperature,
+    top_p,
+    top_k,
+    min_p,
+    draft_temperature,
+    seed,
+    stop,
+    as_json,
+    datastore,
+    branches,
+    prediction_file,
+    json_schema,
+    json_object,
+    regex,
+    grammar,
+    target,
+    backend,
+    n_ctx,
+    threads,
+    dtype,
+    device,
+) -> None:
     """Generate text with speculative decoding, streaming it to the terminal."""
     if max_tokens < 1:  # the API's max_tokens 0 scores a prompt; generate has nothing to show for it
         raise ConfigError(f"max_tokens must be >= 1, got {max_tokens}")
@@ -74,21 +114,31 @@ def generate(prompt, chat, system, draft, policy, k, max_tokens, temperature, to
         if "prediction" not in names:  # a prediction needs its drafter
             draft = ",".join([*names, "prediction"])
 
-    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
-                              max_tokens=max_tokens, stop=tuple(stop),
-                              constraint=constraint_from(json_schema, json_object, regex, grammar))
-    speculation = SpeculationConfig(policy=policy, max_draft_tokens=k, draft_temperature=draft_temperature,
-                                    max_branches=branches)
+    sampling = SamplingParams(
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        seed=seed,
+        max_tokens=max_tokens,
+        stop=tuple(stop),
+        constraint=constraint_from(json_schema, json_object, regex, grammar),
+    )
+    speculation = SpeculationConfig(
+        policy=policy, max_draft_tokens=k, draft_temperature=draft_temperature, max_branches=branches
+    )
     options = replace(load_options(backend, n_ctx, threads, dtype, device), n_seq_max=branches)
     with download_progress() as report:
-        engine = load_engine(target, draft, options=options, speculation=speculation, progress=report,
-                             datastore=datastore)
+        engine = load_engine(
+            target, draft, options=options, speculation=speculation, progress=report, datastore=datastore
+        )
     say_skipped(engine)
     messages = None
     if chat:
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-    gen = engine.stream(None if chat else prompt, messages=messages, sampling=sampling, speculation=speculation,
-                        prediction=prediction)
+    gen = engine.stream(
+        None if chat else prompt, messages=messages, sampling=sampling, speculation=speculation, prediction=prediction
+    )
     for piece in gen:
         if not as_json:
             click.echo(piece, nl=False)
@@ -120,8 +170,13 @@ def demo(prompt, max_tokens, draft_model, target, backend, n_ctx, threads, dtype
     options = load_options(backend, n_ctx, threads, dtype, device)
     with download_progress() as report:
         # The demo shows the draft model at fixed k too, so it is loaded whether or not it can pay here.
-        engine = load_engine(target, f"ngram,{draft_model}", options=options, progress=report,
-                             speculation=SpeculationConfig(policy="fixed"))
+        engine = load_engine(
+            target,
+            f"ngram,{draft_model}",
+            options=options,
+            progress=report,
+            speculation=SpeculationConfig(policy="fixed"),
+        )
     messages = [{"role": "user", "content": prompt}]
     sampling = SamplingParams(max_tokens=max_tokens)
     runs = [
@@ -132,10 +187,12 @@ def demo(prompt, max_tokens, draft_model, target, backend, n_ctx, threads, dtype
     ]
     console = stderr_console()
     # Short headers and a legend: the table fits an 80-column terminal.
-    table = Table(title=f"{target}, greedy, {max_tokens} tokens",
-                  caption="speedup: tok/s over plain; acc.: draft tokens accepted; tok/step: tokens per target "
-                          "forward; same: text identical to plain. ngram: prompt lookup, draft: the draft model, "
-                          "both at fixed k; auto: the cost model picks drafter and k per step.")
+    table = Table(
+        title=f"{target}, greedy, {max_tokens} tokens",
+        caption="speedup: tok/s over plain; acc.: draft tokens accepted; tok/step: tokens per target "
+        "forward; same: text identical to plain. ngram: prompt lookup, draft: the draft model, "
+        "both at fixed k; auto: the cost model picks drafter and k per step.",
+    )
     for col in ("method", "tok/s", "speedup", "acc.", "tok/step", "same"):
         table.add_column(col, justify="right", no_wrap=True)
     base_tps, base_ids = None, None
@@ -147,7 +204,12 @@ def demo(prompt, max_tokens, draft_model, target, backend, n_ctx, threads, dtype
         if base_tps is None:
             base_tps, base_ids = s.tokens_per_second, result.token_ids
             click.echo(result.text)
-        table.add_row(label, f"{s.tokens_per_second:.1f}", f"{s.tokens_per_second / base_tps:.2f}x",
-                      f"{s.acceptance_rate:.0%}" if s.num_drafted else "-", f"{s.tokens_per_step:.2f}",
-                      "yes" if result.token_ids == base_ids else "no")
+        table.add_row(
+            label,
+            f"{s.tokens_per_second:.1f}",
+            f"{s.tokens_per_second / base_tps:.2f}x",
+            f"{s.acceptance_rate:.0%}" if s.num_drafted else "-",
+            f"{s.tokens_per_step:.2f}",
+            "yes" if result.token_ids == base_ids else "no",
+        )
     console.print(table)

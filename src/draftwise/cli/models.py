@@ -25,10 +25,12 @@ def pull(names: tuple[str, ...]) -> None:
 
 
 @click.command(help=f"Measure (or show the cached) forward cost for n = 1..{MAX_N} new tokens.")
-@click.option("--draft", default=models.DEFAULT_DRAFT, show_default=True,
-              help="Draft model to calibrate too ('none' to skip).")
-@click.option("--thorough", is_flag=True,
-              help=f"Every n in 1..{MAX_N} with {THOROUGH_REPEATS} repeats instead of a quick sample.")
+@click.option(
+    "--draft", default=models.DEFAULT_DRAFT, show_default=True, help="Draft model to calibrate too ('none' to skip)."
+)
+@click.option(
+    "--thorough", is_flag=True, help=f"Every n in 1..{MAX_N} with {THOROUGH_REPEATS} repeats instead of a quick sample."
+)
 @click.option("--refresh", is_flag=True, help="Measure again even if a cached curve exists.")
 @model_options
 @friendly_errors
@@ -62,12 +64,19 @@ def _build_index(texts, out, target, max_tokens) -> None:
 
     console = stderr_console()
     backend = load_backend(target, LoadOptions(n_ctx=256))  # NOTE: keep it alive: its tokenizer uses the model
-    meta = build_datastore(texts, lambda text: backend.tokenizer.encode(text, add_special=False), Path(out),
-                           max_tokens=max_tokens, progress=lambda m: console.print(m))
+    meta = build_datastore(
+        texts,
+        lambda text: backend.tokenizer.encode(text, add_special=False),
+        Path(out),
+        max_tokens=max_tokens,
+        progress=lambda m: console.print(m),
+    )
     backend.close()
-    console.print(f"{out}: {meta['num_docs']} documents, {meta['num_tokens']:,} tokens, "
-                  f"{meta['bytes'] / 2**20:.1f} MiB; tokenised in {meta['tokenize_s']} s, "
-                  f"suffix array in {meta['suffix_array_s']} s")
+    console.print(
+        f"{out}: {meta['num_docs']} documents, {meta['num_tokens']:,} tokens, "
+        f"{meta['bytes'] / 2**20:.1f} MiB; tokenised in {meta['tokenize_s']} s, "
+        f"suffix array in {meta['suffix_array_s']} s"
+    )
 
 
 @index.command("build")

@@ -29,36 +29,86 @@ GRACEFUL_SHUTDOWN_S = 10
 @click.command()
 @click.option("--draft", default="ngram,prediction", show_default=True, help=DRAFT_HELP)
 @policy_options
-@click.option("--host", default=LOOPBACK[0], show_default=True,
-              help="Interface to bind (loopback unless told otherwise).")
+@click.option(
+    "--host", default=LOOPBACK[0], show_default=True, help="Interface to bind (loopback unless told otherwise)."
+)
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
-@click.option("--api-key", "api_keys", multiple=True,
-              help="Require 'Authorization: Bearer KEY' on every route but /health; repeat for several tenants "
-                   "(one tenant is never told how much of its prompt another's request left cached).")
-@click.option("--metrics-key", default=None,
-              help="The operator's bearer key for /metrics; with several --api-key tenants /metrics answers only "
-                   "this key (it counts every tenant's requests).")
+@click.option(
+    "--api-key",
+    "api_keys",
+    multiple=True,
+    help="Require 'Authorization: Bearer KEY' on every route but /health; repeat for several tenants "
+    "(one tenant is never told how much of its prompt another's request left cached).",
+)
+@click.option(
+    "--metrics-key",
+    default=None,
+    help="The operator's bearer key for /metrics; with several --api-key tenants /metrics answers only "
+    "this key (it counts every tenant's requests).",
+)
 @click.option("--log-requests", is_flag=True, help="Let error logs quote request content (debugging; off by default).")
 @click.option("--model-name", default=None, help="Name clients use as `model` (default: the target's name).")
 @click.option("--datastore", default=None, help=DATASTORE_HELP)
-@click.option("--parallel", type=click.IntRange(0, 64), default=0,
-              show_default=f"{DEFAULT_SLOTS} on llama.cpp, 1 on transformers",
-              help="Requests decoded together (continuous batching, a KV window of --n-ctx each); 0: the default.")
-@click.option("--max-queue", type=click.IntRange(0, 100_000), default=MAX_QUEUE, show_default=True,
-              help="Requests that may wait for a slot; more are refused with 503 and Retry-After.")
-@click.option("--ray", "on_ray", is_flag=True,
-              help="Serve as Ray Serve replicas, one engine each (needs draftwise[ray]); --threads then also "
-                   "sets the CPUs each replica reserves (default 1).")
+@click.option(
+    "--parallel",
+    type=click.IntRange(0, 64),
+    default=0,
+    show_default=f"{DEFAULT_SLOTS} on llama.cpp, 1 on transformers",
+    help="Requests decoded together (continuous batching, a KV window of --n-ctx each); 0: the default.",
+)
+@click.option(
+    "--max-queue",
+    type=click.IntRange(0, 100_000),
+    default=MAX_QUEUE,
+    show_default=True,
+    help="Requests that may wait for a slot; more are refused with 503 and Retry-After.",
+)
+@click.option(
+    "--ray",
+    "on_ray",
+    is_flag=True,
+    help="Serve as Ray Serve replicas, one engine each (needs draftwise[ray]); --threads then also "
+    "sets the CPUs each replica reserves (default 1).",
+)
 @click.option("--replicas", type=click.IntRange(1, 10_000), default=None, help="--ray: replicas to run (default 1).")
-@click.option("--autoscale", default=None, metavar="MIN:MAX",
-              help="--ray: let Ray scale between MIN and MAX replicas on ongoing requests per slot.")
-@click.option("--address", default=None,
-              help="--ray: the cluster to join: 'auto' (started by `ray start` on this machine), HOST:PORT or "
-                   "ray://HOST:10001. Default: start a local cluster for this command.")
+@click.option(
+    "--autoscale",
+    default=None,
+    metavar="MIN:MAX",
+    help="--ray: let Ray scale between MIN and MAX replicas on ongoing requests per slot.",
+)
+@click.option(
+    "--address",
+    default=None,
+    help="--ray: the cluster to join: 'auto' (started by `ray start` on this machine), HOST:PORT or "
+    "ray://HOST:10001. Default: start a local cluster for this command.",
+)
 @model_options
 @friendly_errors
-def serve(draft, policy, k, host, port, api_keys, metrics_key, log_requests, model_name, datastore, parallel, max_queue, on_ray,
-          replicas, autoscale, address, target, backend, n_ctx, threads, dtype, device) -> None:
+def serve(
+    draft,
+    policy,
+    k,
+    host,
+    port,
+    api_keys,
+    metrics_key,
+    log_requests,
+    model_name,
+    datastore,
+    parallel,
+    max_queue,
+    on_ray,
+    replicas,
+    autoscale,
+    address,
+    target,
+    backend,
+    n_ctx,
+    threads,
+    dtype,
+    device,
+) -> None:
     """Serve the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics)."""
     import logging
 
@@ -71,8 +121,23 @@ def serve(draft, policy, k, host, port, api_keys, metrics_key, log_requests, mod
     if not api_keys and host not in LOOPBACK:
         click.echo(f"warning: serving on {host} without --api-key; anyone who can reach it can use it", err=True)
     if on_ray:
-        _serve_on_ray(target, draft, options, speculation, model_name, api_keys, metrics_key, log_requests, max_queue,
-                      datastore, replicas, autoscale, address, host, port)
+        _serve_on_ray(
+            target,
+            draft,
+            options,
+            speculation,
+            model_name,
+            api_keys,
+            metrics_key,
+            log_requests,
+            max_queue,
+            datastore,
+            replicas,
+            autoscale,
+            address,
+            host,
+            port,
+        )
         return
 
     import uvicorn
@@ -81,21 +146,44 @@ def serve(draft, policy, k, host, port, api_keys, metrics_key, log_requests, mod
     from draftwise.server.errors import uvicorn_options
 
     with download_progress() as report:
-        engine = load_engine(target, draft, options=options, speculation=speculation, progress=report,
-                             datastore=datastore)
+        engine = load_engine(
+            target, draft, options=options, speculation=speculation, progress=report, datastore=datastore
+        )
     say_skipped(engine)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")
-    app = create_app(engine, model_name or engine.target.name, api_keys=api_keys, metrics_key=metrics_key,
-                     log_content=log_requests, max_queue=max_queue)
+    app = create_app(
+        engine,
+        model_name or engine.target.name,
+        api_keys=api_keys,
+        metrics_key=metrics_key,
+        log_content=log_requests,
+        max_queue=max_queue,
+    )
     if speculation.policy == "auto":  # calibrate before the first request, not inside it
         _ = engine.target_time().curve
     # uvicorn_options: its HTTP protocol with a deadline for request headers, and JSON 400s.
-    uvicorn.run(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-                **uvicorn_options())
+    uvicorn.run(
+        app, host=host, port=port, log_level="info", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, **uvicorn_options()
+    )
 
 
-def _serve_on_ray(target, draft, options, speculation, model_name, api_keys, metrics_key, log_requests, max_queue,
-                  datastore, replicas, autoscale, address, host, port) -> None:
+def _serve_on_ray(
+    target,
+    draft,
+    options,
+    speculation,
+    model_name,
+    api_keys,
+    metrics_key,
+    log_requests,
+    max_queue,
+    datastore,
+    replicas,
+    autoscale,
+    address,
+    host,
+    port,
+) -> None:
     """serve --ray: the same app as Ray Serve replicas; each replica loads (and pulls) its models itself."""
     from draftwise.server import ray_serve
 
@@ -107,10 +195,18 @@ def _serve_on_ray(target, draft, options, speculation, model_name, api_keys, met
         if not sep or not low.isdigit() or not high.isdigit():
             raise ConfigError(f"--autoscale takes MIN:MAX (e.g. 1:4), got {autoscale!r}")
         bounds = (int(low), int(high))
-    replica = ray_serve.ReplicaConfig(target=target, draft=draft, options=options, speculation=speculation,
-                                      model_name=model_name, api_keys=tuple(api_keys), metrics_key=metrics_key,
-                                      log_content=log_requests,
-                                      max_queue=max_queue, datastore=datastore)
+    replica = ray_serve.ReplicaConfig(
+        target=target,
+        draft=draft,
+        options=options,
+        speculation=speculation,
+        model_name=model_name,
+        api_keys=tuple(api_keys),
+        metrics_key=metrics_key,
+        log_content=log_requests,
+        max_queue=max_queue,
+        datastore=datastore,
+    )
     scaling = ray_serve.Scaling(replicas=replicas or 1, autoscale=bounds)
     shape = f"{bounds[0]}..{bounds[1]} replicas" if bounds else f"{scaling.replicas} replica(s)"
 

@@ -51,8 +51,14 @@ def suffix_array(tokens: np.ndarray, depth: int = DEPTH) -> np.ndarray:
     return np.argsort(rank, kind="stable")
 
 
-def build_datastore(texts: Iterable[tuple[str, str]], encode: Callable[[str], list[int]], out: Path,
-                    *, max_tokens: int | None = None, progress: Callable[[str], None] | None = None) -> dict:
+def build_datastore(
+    texts: Iterable[tuple[str, str]],
+    encode: Callable[[str], list[int]],
+    out: Path,
+    *,
+    max_tokens: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict:
     """texts: (name, text) pairs. Writes out/tokens.npy, out/sa.npy, out/meta.json."""
     t0 = time.perf_counter()
     chunks: list[np.ndarray] = []
@@ -77,9 +83,14 @@ def build_datastore(texts: Iterable[tuple[str, str]], encode: Callable[[str], li
     out.mkdir(parents=True, exist_ok=True)
     np.save(out / "tokens.npy", tokens)
     np.save(out / "sa.npy", sa.astype(np.int64 if len(tokens) >= 2**31 else np.int32))
-    meta = {"version": FORMAT_VERSION, "num_docs": num_docs, "num_tokens": num_tokens,
-            "tokenize_s": round(t1 - t0, 2), "suffix_array_s": round(time.perf_counter() - t1, 2),
-            "bytes": (out / "tokens.npy").stat().st_size + (out / "sa.npy").stat().st_size}
+    meta = {
+        "version": FORMAT_VERSION,
+        "num_docs": num_docs,
+        "num_tokens": num_tokens,
+        "tokenize_s": round(t1 - t0, 2),
+        "suffix_array_s": round(time.perf_counter() - t1, 2),
+        "bytes": (out / "tokens.npy").stat().st_size + (out / "sa.npy").stat().st_size,
+    }
     (out / "meta.json").write_text(json.dumps(meta))
     return meta
 
@@ -87,8 +98,9 @@ def build_datastore(texts: Iterable[tuple[str, str]], encode: Callable[[str], li
 class DatastoreDrafter:
     free = True
 
-    def __init__(self, path: str | Path, min_match: int = 2, min_confidence: float = 0.2,
-                 name: str = "datastore") -> None:
+    def __init__(
+        self, path: str | Path, min_match: int = 2, min_confidence: float = 0.2, name: str = "datastore"
+    ) -> None:
         path = Path(path)
         if not (path / "sa.npy").is_file():
             raise FileNotFoundError(f"no datastore at {path} (build one with `draftwise index build`)")

@@ -49,8 +49,10 @@ class ModelDrafter:
     def for_slot(self, slot: int) -> ModelDrafter:
         """A drafter on the draft model's sequence `slot` (the draft is loaded with slots too)."""
         if num_slots(self.backend) <= slot:
-            raise ConfigError(f"the draft model {self.backend.name!r} has {num_slots(self.backend)} slot(s); "
-                              f"load it with as many as the target")
+            raise ConfigError(
+                f"the draft model {self.backend.name!r} has {num_slots(self.backend)} slot(s); "
+                f"load it with as many as the target"
+            )
         return ModelDrafter(self.backend.sequence(slot), self.name)
 
     def begin(self, sampling: SamplingParams, speculation: SpeculationConfig) -> None:

@@ -70,7 +70,11 @@ class NgramDrafter:
                 if start >= end:
                     continue  # the suffix itself
                 length = n
-                while length < MAX_BACKWARD and start - length - 1 >= 0 and tokens[start - length - 1] == tokens[end - length - 1]:
+                while (
+                    length < MAX_BACKWARD
+                    and start - length - 1 >= 0
+                    and tokens[start - length - 1] == tokens[end - length - 1]
+                ):
                     length += 1
                 found.append((start, length))
             if found:

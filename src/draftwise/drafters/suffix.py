@@ -27,8 +27,9 @@ class SuffixDrafter:
 
     free = True
 
-    def __init__(self, max_history_tokens: int = 200_000, min_n: int = 2, min_confidence: float = 0.2,
-                 name: str = "suffix") -> None:
+    def __init__(
+        self, max_history_tokens: int = 200_000, min_n: int = 2, min_confidence: float = 0.2, name: str = "suffix"
+    ) -> None:
         self.max_history_tokens, self.min_n = max_history_tokens, min_n
         self.min_confidence, self.name = min_confidence, name
         self._docs: deque[list[int]] = deque()  # finished contexts, oldest first

@@ -42,8 +42,9 @@ DRAFT_MODEL_PRIOR = 0.7
 MAX_SHADOWS = 64
 
 
-def draft_speedup(target_cost: CostCurve, draft_cost: CostCurve, acceptance: float = 1.0,
-                  max_k: int = MAX_K) -> tuple[float, int]:
+def draft_speedup(
+    target_cost: CostCurve, draft_cost: CostCurve, acceptance: float = 1.0, max_k: int = MAX_K
+) -> tuple[float, int]:
     """(speedup over plain decoding, k) of a draft model whose tokens are each accepted with
     probability `acceptance`, at its best k. Drafting k tokens costs k draft forwards of one
     token; verifying them one target forward of k + 1. With acceptance 1 it is the most a draft
@@ -96,10 +97,17 @@ class _Menu:
 class AutoPolicy:
     name = "auto"
 
-    def __init__(self, target=None, *, target_cost: CostCurve | None = None,
-                 draft_costs: dict[str, CostCurve] | None = None, max_k: int = MAX_K,
-                 calibrate: bool = True, lookup_share: float = LOOKUP_SHARE,
-                 time: TargetTime | None = None) -> None:
+    def __init__(
+        self,
+        target=None,
+        *,
+        target_cost: CostCurve | None = None,
+        draft_costs: dict[str, CostCurve] | None = None,
+        max_k: int = MAX_K,
+        calibrate: bool = True,
+        lookup_share: float = LOOKUP_SHARE,
+        time: TargetTime | None = None,
+    ) -> None:
         self.target = target
         self.lookup_share = lookup_share
         self.draft_costs = dict(draft_costs or {})
@@ -212,9 +220,15 @@ class AutoPolicy:
             scale = self._draft_scale.setdefault(drafter.name, Scale()).value
             backend = getattr(drafter, "backend", None)
             missing = max(1, len(state.context) - (backend.num_cached if backend is not None else 0))
-            options.append(_Option(drafter, self._estimate(key, DRAFT_MODEL_PRIOR).expected_tokens(k_cap),
-                                   first_ms=cost.ms(min(missing, cost.max_n)) * scale,
-                                   step_ms=cost.ms(1) * scale, key=key))
+            options.append(
+                _Option(
+                    drafter,
+                    self._estimate(key, DRAFT_MODEL_PRIOR).expected_tokens(k_cap),
+                    first_ms=cost.ms(min(missing, cost.max_n)) * scale,
+                    step_ms=cost.ms(1) * scale,
+                    key=key,
+                )
+            )
         return _Menu(self, state.num_forced, options, consulted)
 
     def conclude(self, menu: _Menu, option: _Option | None, k: int, rows: int, rate: float) -> Plan:
@@ -240,8 +254,11 @@ class AutoPolicy:
         scale = self._draft_scale.get(drafter.name) if drafter is not None else None
         drafted = option is not None and option.key and k
         self._last = (option.key, option.draft_ms(k) / scale.value) if drafted else (None, 0.0)
-        self.last_decision = {"drafter": drafter.name if drafter else "none", "k": best.k,
-                              "expected_tokens_per_s": 1000 * rate}
+        self.last_decision = {
+            "drafter": drafter.name if drafter else "none",
+            "k": best.k,
+            "expected_tokens_per_s": 1000 * rate,
+        }
         return best
 
     def observe(self, step: StepStats) -> None:

@@ -74,4 +74,3 @@ class TargetTime:
         if n > 1:  # shapes are relative to a plain step, which defines the load
             shape = self.shapes.setdefault(n, Scale(alpha=SHAPE_ALPHA))
             shape.update(ms, calibrated * self.load.value)
-

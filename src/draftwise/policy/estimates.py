@@ -146,4 +146,3 @@ class CopyEstimate:
         nb = len(COPY_BUCKETS)
         rate = [round(r, 3) for r in self.rates()]
         return {"first": rate[:nb], "continued_short": rate[nb : 2 * nb], "continued_long": rate[2 * nb :]}
-

@@ -35,13 +35,23 @@ DISCONNECT_POLL_S = 0.25
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions endpoint
 
 _ERROR_STATUSES = {status: {"model": p.ErrorResponse} for status in (400, 401, 403, 404, 408, 413, 500, 503)}
-_STREAM_RESPONSE = {"content": {"text/event-stream": {"schema": {"type": "string"}}},
-                    "description": "JSON, or server-sent events when `stream` is true."}
+_STREAM_RESPONSE = {
+    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    "description": "JSON, or server-sent events when `stream` is true.",
+}
 
 
-def create_app(engine: Engine, model_name: str, api_key: str | None = None, *, api_keys: Sequence[str] = (),
-               metrics_key: str | None = None, log_content: bool = False, max_queue: int = MAX_QUEUE,
-               body_timeout_s: float = BODY_TIMEOUT_S) -> FastAPI:
+def create_app(
+    engine: Engine,
+    model_name: str,
+    api_key: str | None = None,
+    *,
+    api_keys: Sequence[str] = (),
+    metrics_key: str | None = None,
+    log_content: bool = False,
+    max_queue: int = MAX_QUEUE,
+    body_timeout_s: float = BODY_TIMEOUT_S,
+) -> FastAPI:
     """api_key / api_keys: bearer keys, one per tenant (a tenant never learns how much of its prompt
     another tenant's request left in the cache). metrics_key: the operator's key for /metrics, which
     counts every tenant's requests; without it, a server of several tenants keeps /metrics closed.
@@ -59,8 +69,13 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, *, a
 
     # NOTE: no /docs or /redoc: FastAPI's pages load their scripts from a CDN, unusable offline;
     # /openapi.json is served and works with any OpenAPI viewer.
-    app = FastAPI(title="draftwise", summary="OpenAI-compatible server for lossless speculative decoding.",
-                  lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(
+        title="draftwise",
+        summary="OpenAI-compatible server for lossless speculative decoding.",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+    )
     app.state.serving = serving
     errors.install(app, metrics, keys, metrics_key=metrics_key, log_content=log_content, body_timeout_s=body_timeout_s)
     created = int(time.time())
@@ -68,9 +83,18 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, *, a
     def count(error: APIError) -> None:
         metrics.observe_error(error.status, error.type)
 
-    async def start(body: p._GenerationRequest, request: Request, endpoint: str, prefix: str, *,
-                    prompt: Any = None, messages: list[dict] | None = None, max_tokens: int | None = None,
-                    default_max_tokens: int | None = None, tools: ChatTools | None = None) -> list[Job]:
+    async def start(
+        body: p._GenerationRequest,
+        request: Request,
+        endpoint: str,
+        prefix: str,
+        *,
+        prompt: Any = None,
+        messages: list[dict] | None = None,
+        max_tokens: int | None = None,
+        default_max_tokens: int | None = None,
+        tools: ChatTools | None = None,
+    ) -> list[Job]:
         """Validate, tokenise and queue a request, one Job per choice (each prompt n times, see
         server.choices); library errors become 4xx APIErrors (then no job stays queued).
 
@@ -85,24 +109,43 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, *, a
             items = [None] if messages is not None else choices.prompts(prompt, engine.target.vocab_size)
             try:
                 for item in items:
-                    prepared = await asyncio.to_thread(prepare, body, item, messages, max_tokens, default_max_tokens,
-                                                       tools)
+                    prepared = await asyncio.to_thread(
+                        prepare, body, item, messages, max_tokens, default_max_tokens, tools
+                    )
                     for copy in range(body.n or 1):
-                        sampling = dataclasses.replace(prepared.sampling,
-                                                       seed=choices.choice_seed(prepared.sampling.seed, copy))
-                        job = Job(job_id, endpoint, prepared.prompt_ids,
-                                  tenant=request.scope.get("state", {}).get("tenant"),
-                                  predicted=prepared.prediction is not None)
-                        jobs.append(await asyncio.to_thread(serving.submit, job, sampling, prepared.speculation,
-                                                            prepared.drafters, prepared.prediction))
+                        sampling = dataclasses.replace(
+                            prepared.sampling, seed=choices.choice_seed(prepared.sampling.seed, copy)
+                        )
+                        job = Job(
+                            job_id,
+                            endpoint,
+                            prepared.prompt_ids,
+                            tenant=request.scope.get("state", {}).get("tenant"),
+                            predicted=prepared.prediction is not None,
+                        )
+                        jobs.append(
+                            await asyncio.to_thread(
+                                serving.submit,
+                                job,
+                                sampling,
+                                prepared.speculation,
+                                prepared.drafters,
+                                prepared.prediction,
+                            )
+                        )
             except BaseException:
                 for job in jobs:
                     job.cancel("another choice of the request was refused")
                 raise
             return jobs
         except UnicodeEncodeError as exc:  # a lone surrogate ("\udfff") is not text a tokenizer can take
-            raise APIError(400, f"the request holds U+{ord(exc.object[exc.start]):04X}, a lone surrogate, which "
-                           "is not valid Unicode text", param=param, code="invalid_value") from None
+            raise APIError(
+                400,
+                f"the request holds U+{ord(exc.object[exc.start]):04X}, a lone surrogate, which "
+                "is not valid Unicode text",
+                param=param,
+                code="invalid_value",
+            ) from None
         except PromptTooLongError as exc:
             raise APIError(400, str(exc), param=param, code="context_length_exceeded") from None
         except ServerBusy as exc:
@@ -115,12 +158,19 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, *, a
             raise APIError(400, str(exc), param=param, code="invalid_prompt") from None
         except Exception as exc:
             if type(exc).__module__.startswith("jinja2"):  # a chat template's raise_exception()
-                raise APIError(400, f"the chat template rejected the messages: {exc}", param="messages",
-                               code="invalid_prompt") from None
+                raise APIError(
+                    400, f"the chat template rejected the messages: {exc}", param="messages", code="invalid_prompt"
+                ) from None
             raise
 
-    def prepare(body: p._GenerationRequest, prompt: Any, messages: list[dict] | None, max_tokens: int | None,
-                default_max_tokens: int | None, tools: ChatTools | None = None) -> _Prepared:
+    def prepare(
+        body: p._GenerationRequest,
+        prompt: Any,
+        messages: list[dict] | None,
+        max_tokens: int | None,
+        default_max_tokens: int | None,
+        tools: ChatTools | None = None,
+    ) -> _Prepared:
         """The request as engine values (worker thread): prompt ids, sampling, speculation."""
         text, prompt_ids = (None, None) if messages is not None else prompt
         suffix = getattr(body, "suffix", None)
@@ -134,26 +184,36 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, *, a
         n_ctx = engine.target.n_ctx
         if max_tokens is not None and len(prompt_ids) + max_tokens > n_ctx:
             # As OpenAI does: a request that cannot be honoured in full is refused, not cut short.
-            raise APIError(400, f"this model's context holds {n_ctx} tokens, but {len(prompt_ids) + max_tokens} "
-                           f"were requested ({len(prompt_ids)} in the prompt, {max_tokens} to generate); "
-                           "lower max_tokens or shorten the prompt",
-                           param="max_completion_tokens" if "max_completion_tokens" in body.model_fields_set
-                           else "max_tokens", code="context_length_exceeded")
+            raise APIError(
+                400,
+                f"this model's context holds {n_ctx} tokens, but {len(prompt_ids) + max_tokens} "
+                f"were requested ({len(prompt_ids)} in the prompt, {max_tokens} to generate); "
+                "lower max_tokens or shorten the prompt",
+                param="max_completion_tokens" if "max_completion_tokens" in body.model_fields_set else "max_tokens",
+                code="context_length_exceeded",
+            )
         # With no max_tokens a chat request may fill the context, as OpenAI's does.
-        limit = max_tokens if max_tokens is not None else min(default_max_tokens or n_ctx,
-                                                              max(1, n_ctx - len(prompt_ids)))
+        limit = (
+            max_tokens if max_tokens is not None else min(default_max_tokens or n_ctx, max(1, n_ctx - len(prompt_ids)))
+        )
         speculation, drafters = _speculation(body, engine.speculation)
         return _Prepared(prompt_ids, _sampling(body, limit, constraint), speculation, drafters, _prediction(body))
 
-    async def stream_or_collect(jobs: list[Job], body: p._GenerationRequest, request: Request, *,
-                                opening: Callable[[int], str] | None, text_chunk: Callable[[int, Piece], str],
-                                final_chunk: Callable[[int, Finished], str], usage_chunk: Callable[[p.Usage], str],
-                                whole: Callable[[list[Finished]], Any]):
+    async def stream_or_collect(
+        jobs: list[Job],
+        body: p._GenerationRequest,
+        request: Request,
+        *,
+        opening: Callable[[int], str] | None,
+        text_chunk: Callable[[int, Piece], str],
+        final_chunk: Callable[[int, Finished], str],
+        usage_chunk: Callable[[p.Usage], str],
+        whole: Callable[[list[Finished]], Any],
+    ):
         """The choices' answers as one JSON reply, or their chunks as server-sent events (each
         chunk names its choice's index; usage, when asked, sums the choices at the end)."""
         if not body.stream:
-            return whole(list(await asyncio.gather(*(_collect(job, request, _constraint_param(body))
-                                                       for job in jobs))))
+            return whole(list(await asyncio.gather(*(_collect(job, request, _constraint_param(body)) for job in jobs))))
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
         async def events() -> AsyncIterator[str]:
@@ -170,36 +230,53 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, *, a
                     finished_index[id(event)] = i
                     yield final_chunk(i, event)
                     if include_usage and len(finished) == len(jobs):
-                        yield usage_chunk(_usage(sorted(finished, key=lambda d: finished_index[id(d)]),
-                                                 body.n or 1))
+                        yield usage_chunk(_usage(sorted(finished, key=lambda d: finished_index[id(d)]), body.n or 1))
                 else:
                     error = _failure(event, _constraint_param(body))
                     count(error)
                     yield f"data: {json.dumps(error.body())}\n\n"
             yield "data: [DONE]\n\n"
 
-        return StreamingResponse(events(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return StreamingResponse(
+            events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        )
 
-    @app.post("/v1/chat/completions", response_model=p.ChatCompletion, tags=["openai"],
-              responses={200: _STREAM_RESPONSE, **_ERROR_STATUSES})
+    @app.post(
+        "/v1/chat/completions",
+        response_model=p.ChatCompletion,
+        tags=["openai"],
+        responses={200: _STREAM_RESPONSE, **_ERROR_STATUSES},
+    )
     async def chat_completions(body: p.ChatCompletionRequest, request: Request):
         messages = [_message_dict(i, m) for i, m in enumerate(body.messages)]
         tools, messages = chat_tools(body, engine.tokenizer, messages)
-        jobs = await start(body, request, "chat", "chatcmpl", messages=messages,
-                           max_tokens=body.max_completion_tokens or body.max_tokens, tools=tools)
+        jobs = await start(
+            body,
+            request,
+            "chat",
+            "chatcmpl",
+            messages=messages,
+            max_tokens=body.max_completion_tokens or body.max_tokens,
+            tools=tools,
+        )
         now, with_usage = int(time.time()), bool(body.stream_options and body.stream_options.include_usage)
         tokenizer = engine.tokenizer
 
         def logprobs(entries) -> dict | None:
             return choices.chat_logprobs(tokenizer, entries) if body.logprobs else None
 
-        def chunk(index: int, delta: p.ChatDelta | None, finish: str | None = None, usage: p.Usage | None = None,
-                  entries=None) -> str:
-            parts = [] if delta is None else [p.ChatChunkChoice(index=index, delta=delta, finish_reason=finish,
-                                                                logprobs=entries)]
-            return _sse(p.ChatCompletionChunk(id=jobs[0].id, created=now, model=model_name, choices=parts,
-                                              usage=usage), with_usage)
+        def chunk(
+            index: int, delta: p.ChatDelta | None, finish: str | None = None, usage: p.Usage | None = None, entries=None
+        ) -> str:
+            parts = (
+                []
+                if delta is None
+                else [p.ChatChunkChoice(index=index, delta=delta, finish_reason=finish, logprobs=entries)]
+            )
+            return _sse(
+                p.ChatCompletionChunk(id=jobs[0].id, created=now, model=model_name, choices=parts, usage=usage),
+                with_usage,
+            )
 
         def message(done: Finished) -> tuple[p.AssistantMessage, str | None]:
             if tools is None:
@@ -209,9 +286,17 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, *, a
 
         def whole(done: list[Finished]) -> p.ChatCompletion:
             usage = _usage(done, body.n or 1)
-            return p.ChatCompletion(id=jobs[0].id, created=now, model=model_name, usage=usage, choices=[
-                p.ChatChoice(index=i, message=m, finish_reason=finish, logprobs=logprobs(d.result.logprobs or []))
-                for i, d in enumerate(done) for m, finish in [message(d)]])
+            return p.ChatCompletion(
+                id=jobs[0].id,
+                created=now,
+                model=model_name,
+                usage=usage,
+                choices=[
+                    p.ChatChoice(index=i, message=m, finish_reason=finish, logprobs=logprobs(d.result.logprobs or []))
+                    for i, d in enumerate(done)
+                    for m, finish in [message(d)]
+                ],
+            )
 
         def text_chunk(i: int, piece: Piece) -> str:
             if tools is None:
@@ -223,28 +308,55 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, *, a
                 return chunk(i, p.ChatDelta(), _finish_reason(done))
             held, called = tools.finish(i)
             finish = _finish_reason(done)
-            return (deltas(held, lambda delta: chunk(i, p.ChatDelta(**delta)))
-                    + chunk(i, p.ChatDelta(), "tool_calls" if called and finish == "stop" else finish))
+            return deltas(held, lambda delta: chunk(i, p.ChatDelta(**delta))) + chunk(
+                i, p.ChatDelta(), "tool_calls" if called and finish == "stop" else finish
+            )
 
         return await stream_or_collect(
-            jobs, body, request, opening=lambda i: chunk(i, p.ChatDelta(role="assistant", content="")),
-            text_chunk=text_chunk, final_chunk=final_chunk,
-            usage_chunk=lambda usage: chunk(0, None, usage=usage), whole=whole)
+            jobs,
+            body,
+            request,
+            opening=lambda i: chunk(i, p.ChatDelta(role="assistant", content="")),
+            text_chunk=text_chunk,
+            final_chunk=final_chunk,
+            usage_chunk=lambda usage: chunk(0, None, usage=usage),
+            whole=whole,
+        )
 
-    @app.post("/v1/completions", response_model=p.Completion, tags=["openai"],
-              responses={200: _STREAM_RESPONSE, **_ERROR_STATUSES})
+    @app.post(
+        "/v1/completions",
+        response_model=p.Completion,
+        tags=["openai"],
+        responses={200: _STREAM_RESPONSE, **_ERROR_STATUSES},
+    )
     async def completions(body: p.CompletionRequest, request: Request):
-        jobs = await start(body, request, "completions", "cmpl", prompt=body.prompt, max_tokens=body.max_tokens,
-                           default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS)
+        jobs = await start(
+            body,
+            request,
+            "completions",
+            "cmpl",
+            prompt=body.prompt,
+            max_tokens=body.max_tokens,
+            default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS,
+        )
         now, with_usage = int(time.time()), bool(body.stream_options and body.stream_options.include_usage)
         tokenizer, echoed = engine.tokenizer, set()
 
-        def chunk(index: int, text: str | None, finish: str | None = None, usage: p.Usage | None = None,
-                  entries: dict | None = None) -> str:
-            parts = [] if text is None else [p.CompletionChoice(index=index, text=text, finish_reason=finish,
-                                                                logprobs=entries)]
-            return _sse(p.Completion(id=jobs[0].id, created=now, model=model_name, choices=parts, usage=usage),
-                        with_usage)
+        def chunk(
+            index: int,
+            text: str | None,
+            finish: str | None = None,
+            usage: p.Usage | None = None,
+            entries: dict | None = None,
+        ) -> str:
+            parts = (
+                []
+                if text is None
+                else [p.CompletionChoice(index=index, text=text, finish_reason=finish, logprobs=entries)]
+            )
+            return _sse(
+                p.Completion(id=jobs[0].id, created=now, model=model_name, choices=parts, usage=usage), with_usage
+            )
 
         def echo(index: int) -> str:
             """The prompt's text, once, before a streamed choice's first text (its logprobs come
@@ -273,15 +385,25 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, *, a
                         tokens = [*result.prompt_ids, *tokens]
                         rows = [None, *(result.prompt_logprobs or []), *rows]
                     entries = choices.completion_logprobs(tokenizer, rows, tokens, body.logprobs)
-                parts.append(p.CompletionChoice(index=i, text=prompt_text + text, finish_reason=_finish_reason(d),
-                                                logprobs=entries))
-            return p.Completion(id=jobs[0].id, created=now, model=model_name, usage=_usage(done, body.n or 1),
-                                choices=parts)
+                parts.append(
+                    p.CompletionChoice(
+                        index=i, text=prompt_text + text, finish_reason=_finish_reason(d), logprobs=entries
+                    )
+                )
+            return p.Completion(
+                id=jobs[0].id, created=now, model=model_name, usage=_usage(done, body.n or 1), choices=parts
+            )
 
         return await stream_or_collect(
-            jobs, body, request, opening=None, text_chunk=text_chunk,
+            jobs,
+            body,
+            request,
+            opening=None,
+            text_chunk=text_chunk,
             final_chunk=lambda i, done: chunk(i, echo(i), _finish_reason(done)),
-            usage_chunk=lambda usage: chunk(0, None, usage=usage), whole=whole)
+            usage_chunk=lambda usage: chunk(0, None, usage=usage),
+            whole=whole,
+        )
 
     choices.install_tokenize(app, engine.tokenizer, engine.target.vocab_size, asyncio.to_thread)
     infill.install(app, serving, model_name, count=count, speculation=_speculation, job_events=_job_events)
@@ -298,13 +420,21 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None, *, a
 
     @app.get("/health", response_model=p.Health)
     async def health() -> p.Health:
-        return p.Health(model=model_name, queue_length=serving.queue_length, running=bool(serving.running),
-                        slots=engine.num_slots, active=len(serving.running))
+        return p.Health(
+            model=model_name,
+            queue_length=serving.queue_length,
+            running=bool(serving.running),
+            slots=engine.num_slots,
+            active=len(serving.running),
+        )
 
-    @app.get("/metrics", response_class=Response,
-             responses={200: {"content": {"text/plain": {}}}, **{s: _ERROR_STATUSES[s] for s in (401, 403)}},
-             description="Prometheus text format, every tenant's requests together: with several API keys "
-                         "it answers the metrics key only.")
+    @app.get(
+        "/metrics",
+        response_class=Response,
+        responses={200: {"content": {"text/plain": {}}}, **{s: _ERROR_STATUSES[s] for s in (401, 403)}},
+        description="Prometheus text format, every tenant's requests together: with several API keys "
+        "it answers the metrics key only.",
+    )
     async def prometheus() -> Response:
         return Response(metrics.render(), headers={"Content-Type": metrics.content_type})
 
@@ -325,8 +455,12 @@ class _Prepared:
 
 def _check_request(body: p._GenerationRequest, model_name: str) -> None:
     if body.model != model_name:
-        raise APIError(404, f"the model {body.model!r} does not exist; this server serves {model_name!r}",
-                       param="model", code="model_not_found")
+        raise APIError(
+            404,
+            f"the model {body.model!r} does not exist; this server serves {model_name!r}",
+            param="model",
+            code="model_not_found",
+        )
     field = body.unsupported()
     if field is not None:
         raise APIError(400, f"{field} is not supported by this server", param=field, code="unsupported_parameter")
@@ -335,11 +469,22 @@ def _check_request(body: p._GenerationRequest, model_name: str) -> None:
 def _constraint(body: p._GenerationRequest) -> Constraint | None:
     """response_format (OpenAI) or the grammar / regex extensions -> a Constraint; at most one."""
     fmt = body.response_format
-    given = [name for name, on in (("response_format", fmt is not None and fmt.type != "text"),
-                                   ("grammar", body.grammar is not None), ("regex", body.regex is not None)) if on]
+    given = [
+        name
+        for name, on in (
+            ("response_format", fmt is not None and fmt.type != "text"),
+            ("grammar", body.grammar is not None),
+            ("regex", body.regex is not None),
+        )
+        if on
+    ]
     if len(given) > 1:
-        raise APIError(400, f"give one of response_format, grammar and regex, not {' and '.join(given)}",
-                       param=given[1], code="invalid_value")
+        raise APIError(
+            400,
+            f"give one of response_format, grammar and regex, not {' and '.join(given)}",
+            param=given[1],
+            code="invalid_value",
+        )
     if body.grammar is not None:
         return Constraint.grammar(body.grammar)
     if body.regex is not None:
@@ -349,8 +494,12 @@ def _constraint(body: p._GenerationRequest) -> Constraint | None:
     if fmt.type == "json_object":
         return Constraint.json_object()
     if fmt.json_schema is None or fmt.json_schema.schema_ is None:
-        raise APIError(400, "response_format of type json_schema needs json_schema.schema",
-                       param="response_format.json_schema.schema", code="invalid_value")
+        raise APIError(
+            400,
+            "response_format of type json_schema needs json_schema.schema",
+            param="response_format.json_schema.schema",
+            code="invalid_value",
+        )
     return Constraint.json_schema(fmt.json_schema.schema_)
 
 
@@ -373,13 +522,21 @@ def _sampling(body: p._GenerationRequest, max_tokens: int, constraint: Constrain
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     return SamplingParams(
         temperature=1.0 if body.temperature is None else body.temperature,  # OpenAI's default
-        top_k=body.top_k or 0, top_p=1.0 if body.top_p is None else body.top_p, min_p=body.min_p or 0.0,
+        top_k=body.top_k or 0,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        min_p=body.min_p or 0.0,
         seed=None if body.seed is None else body.seed % 2**64,  # numpy seeds must be non-negative
-        max_tokens=max_tokens, stop=stop, ignore_eos=body.ignore_eos, constraint=constraint,
-        presence_penalty=body.presence_penalty or 0.0, frequency_penalty=body.frequency_penalty or 0.0,
+        max_tokens=max_tokens,
+        stop=stop,
+        ignore_eos=body.ignore_eos,
+        constraint=constraint,
+        presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
         repeat_penalty=1.0 if body.repeat_penalty is None else body.repeat_penalty,
         repeat_last_n=64 if body.repeat_last_n is None else body.repeat_last_n,
-        logit_bias=_logit_bias(body.logit_bias), **_logprobs(body))
+        logit_bias=_logit_bias(body.logit_bias),
+        **_logprobs(body),
+    )
 
 
 def _logit_bias(bias: dict[str, float] | None) -> dict[int, float]:
@@ -387,8 +544,7 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[int, float]:
     out = {}
     for key, value in (bias or {}).items():
         if not key.strip().isdigit():
-            raise APIError(400, f"logit_bias keys are token ids, got {key!r}", param="logit_bias",
-                           code="invalid_value")
+            raise APIError(400, f"logit_bias keys are token ids, got {key!r}", param="logit_bias", code="invalid_value")
         out[int(key)] = value
     return out
 
@@ -404,40 +560,56 @@ def _logprobs(body: p._GenerationRequest) -> dict[str, int | None]:
     return {"logprobs": num, "prompt_logprobs": num if getattr(body, "echo", False) else None}
 
 
-def _speculation(body: p._GenerationRequest, base: SpeculationConfig) -> tuple[SpeculationConfig | None,
-                                                                               list[str] | None]:
+def _speculation(
+    body: p._GenerationRequest, base: SpeculationConfig
+) -> tuple[SpeculationConfig | None, list[str] | None]:
     options = body.speculation
     if options is None:
         return None, None
     max_k = options.max_draft_tokens or base.max_draft_tokens
     config = dataclasses.replace(
-        base, policy=options.policy or base.policy, max_draft_tokens=max_k,
+        base,
+        policy=options.policy or base.policy,
+        max_draft_tokens=max_k,
         min_draft_tokens=min(base.min_draft_tokens, max_k),
-        enabled=base.enabled if options.enabled is None else options.enabled)
+        enabled=base.enabled if options.enabled is None else options.enabled,
+    )
     return config, options.drafters
 
 
 def _message_dict(index: int, message: p.ChatMessage) -> dict[str, Any]:
     content = message.content
     if content is None and message.role != "assistant":
-        raise APIError(400, f"a {message.role} message needs content (a string or text parts), got null",
-                       param=f"messages.{index}.content", code="invalid_value")
+        raise APIError(
+            400,
+            f"a {message.role} message needs content (a string or text parts), got null",
+            param=f"messages.{index}.content",
+            code="invalid_value",
+        )
     if isinstance(content, list):
         for part in content:
             if part.type != "text" or part.text is None:
-                raise APIError(400, f"only text content parts are supported, got type {part.type!r}",
-                               param=f"messages.{index}.content", code="unsupported_value")
+                raise APIError(
+                    400,
+                    f"only text content parts are supported, got type {part.type!r}",
+                    param=f"messages.{index}.content",
+                    code="unsupported_value",
+                )
         content = "".join(part.text or "" for part in content)
     # Chat templates know system/user/assistant/tool; OpenAI's newer "developer" is a system message.
-    return {"role": "system" if message.role == "developer" else message.role, "content": content or "",
-            **message_fields(message)}
+    return {
+        "role": "system" if message.role == "developer" else message.role,
+        "content": content or "",
+        **message_fields(message),
+    }
 
 
 def _fim_ids(engine: Engine, prefix: str | None, suffix: str) -> list[int]:
     """A /v1/completions prompt with a suffix: the model's single-file fill-in-the-middle prompt."""
     if prefix is None:
-        raise APIError(400, "a prompt given as token ids cannot take a suffix; send the text", param="prompt",
-                       code="invalid_value")
+        raise APIError(
+            400, "a prompt given as token ids cannot take a suffix; send the text", param="prompt", code="invalid_value"
+        )
     try:
         return fim_prompt(engine.tokenizer, prefix, suffix, repo_level=False).ids
     except FimUnsupportedError as exc:
@@ -465,15 +637,19 @@ def _usage(choices_done: Finished | list[Finished], n: int = 1) -> p.Usage:
     details = None
     if done.predicted:
         accepted = s.accepted_by.get("prediction", 0)
-        details = p.CompletionTokensDetails(accepted_prediction_tokens=accepted,
-                                            rejected_prediction_tokens=s.drafted_by.get("prediction", 0) - accepted)
+        details = p.CompletionTokensDetails(
+            accepted_prediction_tokens=accepted, rejected_prediction_tokens=s.drafted_by.get("prediction", 0) - accepted
+        )
     prompt_tokens = sum(d.result.stats.num_prompt_tokens for d in many[::n])
     completion_tokens = sum(d.result.stats.num_generated for d in many)
     return p.Usage(
-        prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
         total_tokens=prompt_tokens + completion_tokens,
         prompt_tokens_details=p.PromptTokensDetails(cached_tokens=speculative["num_reused_tokens"]),
-        completion_tokens_details=details, speculative=p.SpeculativeUsage(**speculative))
+        completion_tokens_details=details,
+        speculative=p.SpeculativeUsage(**speculative),
+    )
 
 
 def _finish_reason(done: Finished) -> str | None:
@@ -538,8 +714,9 @@ async def _collect(job: Job, request: Request, constraint_param: str | None = No
     async for event in _job_events(job, request):
         if isinstance(event, Finished):
             if event.result.finish_reason == "cancelled":
-                raise APIError(503, "the generation was cancelled (server shutting down)", type="server_error",
-                               code="unavailable")
+                raise APIError(
+                    503, "the generation was cancelled (server shutting down)", type="server_error", code="unavailable"
+                )
             return event
         if isinstance(event, Failed):
             raise _failure(event, constraint_param)

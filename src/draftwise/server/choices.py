@@ -30,8 +30,12 @@ def prompts(prompt: Any, vocab_size: int) -> list[tuple[str | None, list[int] | 
             continue
         bad = next((t for t in item if t >= vocab_size), None)
         if bad is not None:
-            raise APIError(400, f"token id {bad} is outside the vocabulary (size {vocab_size})", param="prompt",
-                           code="invalid_value")
+            raise APIError(
+                400,
+                f"token id {bad} is outside the vocabulary (size {vocab_size})",
+                param="prompt",
+                code="invalid_value",
+            )
         out.append((None, list(item)))
     return out
 
@@ -47,8 +51,9 @@ def _piece(tokenizer, token: int) -> str:
     return tokenizer.decode([token])
 
 
-def completion_logprobs(tokenizer, entries: Sequence[TokenLogprob | None], tokens: Sequence[int], num_top: int,
-                        offset: int = 0) -> dict:
+def completion_logprobs(
+    tokenizer, entries: Sequence[TokenLogprob | None], tokens: Sequence[int], num_top: int, offset: int = 0
+) -> dict:
     """OpenAI's completions logprobs: tokens, token_logprobs, top_logprobs, text_offset (an entry
     None: a token with no logprob, the first of an echoed prompt)."""
     out: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
@@ -58,19 +63,23 @@ def completion_logprobs(tokenizer, entries: Sequence[TokenLogprob | None], token
         out["text_offset"].append(offset)
         offset += len(text)
         out["token_logprobs"].append(None if entry is None else entry.logprob)
-        out["top_logprobs"].append(None if entry is None else
-                                   {_piece(tokenizer, t): lp for t, lp in entry.top[:num_top]})
+        out["top_logprobs"].append(
+            None if entry is None else {_piece(tokenizer, t): lp for t, lp in entry.top[:num_top]}
+        )
     return out
 
 
 def chat_logprobs(tokenizer, entries: Sequence[TokenLogprob]) -> dict:
     """OpenAI's chat logprobs: {"content": [{token, logprob, bytes, top_logprobs}], "refusal": None}."""
+
     def one(token: int, logprob: float) -> dict:
         text = _piece(tokenizer, token)
         return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
 
-    return {"content": [{**one(e.token, e.logprob), "top_logprobs": [one(t, lp) for t, lp in e.top]}
-                        for e in entries], "refusal": None}
+    return {
+        "content": [{**one(e.token, e.logprob), "top_logprobs": [one(t, lp) for t, lp in e.top]} for e in entries],
+        "refusal": None,
+    }
 
 
 async def merged(streams: Sequence[AsyncIterator[Any]]) -> AsyncIterator[tuple[int, Any]]:
@@ -142,13 +151,16 @@ def install_tokenize(app: FastAPI, tokenizer, vocab_size: int, run: Callable) ->
     async def detokenize(body: DetokenizeRequest) -> dict:
         bad = next((t for t in body.tokens if not 0 <= t < vocab_size), None)
         if bad is not None:
-            raise APIError(400, f"token id {bad} is outside the vocabulary (size {vocab_size})", param="tokens",
-                           code="invalid_value")
+            raise APIError(
+                400,
+                f"token id {bad} is outside the vocabulary (size {vocab_size})",
+                param="tokens",
+                code="invalid_value",
+            )
         text = await run(lambda: tokenizer.decode(body.tokens))
         return {"content": text, "prompt": text}
 
     @app.get("/tokenizer_info", tags=["vllm"])
     async def tokenizer_info() -> dict:
         eos = min(tokenizer.eos_token_ids) if tokenizer.eos_token_ids else None
-        return {"eos_token": None if eos is None else tokenizer.token_text(eos), "bos_token": None,
-                "pad_token": None}
+        return {"eos_token": None if eos is None else tokenizer.token_text(eos), "bos_token": None, "pad_token": None}

@@ -41,14 +41,22 @@ HEADER_TIMEOUT_S = 10.0
 class APIError(Exception):
     """An error answered with OpenAI's error JSON."""
 
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
 
     def body(self) -> dict:
-        return p.ErrorResponse(error=p.ErrorDetail(message=self.message, type=self.type, param=self.param,
-                                                   code=self.code)).model_dump()
+        return p.ErrorResponse(
+            error=p.ErrorDetail(message=self.message, type=self.type, param=self.param, code=self.code)
+        ).model_dump()
 
 
 class Guard:
@@ -62,9 +70,16 @@ class Guard:
     several API keys it answers the metrics key alone, and nobody when there is none.
     """
 
-    def __init__(self, app, *, api_keys: tuple[str, ...], reply: Callable[[APIError], JSONResponse],
-                 metrics_key: str | None = None, log_content: bool = False,
-                 body_timeout_s: float = BODY_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        app,
+        *,
+        api_keys: tuple[str, ...],
+        reply: Callable[[APIError], JSONResponse],
+        metrics_key: str | None = None,
+        log_content: bool = False,
+        body_timeout_s: float = BODY_TIMEOUT_S,
+    ) -> None:
         self.app, self.api_keys, self.reply, self.log_content = app, api_keys, reply, log_content
         self.metrics_key, self.body_timeout_s = metrics_key, body_timeout_s
 
@@ -89,18 +104,26 @@ class Guard:
             if self.metrics_key and self._key_index(headers, (self.metrics_key,)) == 0:
                 return None
             if tenant is None:
-                return APIError(401, "/metrics needs the metrics key (send 'Authorization: Bearer KEY')",
-                                code="invalid_api_key")
-            return APIError(403, "/metrics counts every tenant's requests, so it answers the operator's metrics key "
-                            "only" + ("" if self.metrics_key else ", and this server was started without one"),
-                            code="permission_denied")
+                return APIError(
+                    401, "/metrics needs the metrics key (send 'Authorization: Bearer KEY')", code="invalid_api_key"
+                )
+            return APIError(
+                403,
+                "/metrics counts every tenant's requests, so it answers the operator's metrics key "
+                "only" + ("" if self.metrics_key else ", and this server was started without one"),
+                code="permission_denied",
+            )
         if self.api_keys and tenant is None and scope["path"] != "/health":
-            return APIError(401, "missing or invalid API key (send 'Authorization: Bearer KEY')",
-                            code="invalid_api_key")
+            return APIError(
+                401, "missing or invalid API key (send 'Authorization: Bearer KEY')", code="invalid_api_key"
+            )
         length = headers.get(b"content-length", b"0")
         if not length.isdigit():  # uvicorn's parser refuses these first; other servers may not
-            return APIError(400, f"Content-Length must be a byte count, got {length.decode('latin-1')[:32]!r}",
-                            code="invalid_content_length")
+            return APIError(
+                400,
+                f"Content-Length must be a byte count, got {length.decode('latin-1')[:32]!r}",
+                code="invalid_content_length",
+            )
         if int(length) > MAX_BODY_BYTES:
             return APIError(413, f"the request body exceeds {MAX_BODY_BYTES} bytes", code="body_too_large")
         return None
@@ -132,14 +155,20 @@ class Guard:
             try:
                 message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
             except asyncio.TimeoutError:
-                return await refuse(APIError(408, f"the request body did not arrive within {self.body_timeout_s:g} "
-                                             "s of its headers", code="request_timeout"))
+                return await refuse(
+                    APIError(
+                        408,
+                        f"the request body did not arrive within {self.body_timeout_s:g} s of its headers",
+                        code="request_timeout",
+                    )
+                )
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 body_done = not message.get("more_body", False)
                 if received > MAX_BODY_BYTES:  # a chunked body has no Content-Length
-                    return await refuse(APIError(413, f"the request body exceeds {MAX_BODY_BYTES} bytes",
-                                                 code="body_too_large"))
+                    return await refuse(
+                        APIError(413, f"the request body exceeds {MAX_BODY_BYTES} bytes", code="body_too_large")
+                    )
             return message
 
         async def tracked_send(message):
@@ -157,14 +186,24 @@ class Guard:
             if self.log_content:
                 logger.error("unexpected error: %s", type(exc).__name__, exc_info=exc)
             else:
-                logger.error("unexpected error: %s\n%s", type(exc).__name__,
-                             "".join(traceback.format_tb(exc.__traceback__)).rstrip())
+                logger.error(
+                    "unexpected error: %s\n%s",
+                    type(exc).__name__,
+                    "".join(traceback.format_tb(exc.__traceback__)).rstrip(),
+                )
             if not started:
                 await self.reply(APIError(500, "internal server error", type="server_error"))(scope, receive, send)
 
 
-def install(app: FastAPI, metrics: ServerMetrics, api_keys: tuple[str, ...] = (), *, metrics_key: str | None = None,
-            log_content: bool = False, body_timeout_s: float = BODY_TIMEOUT_S) -> Callable[[APIError], JSONResponse]:
+def install(
+    app: FastAPI,
+    metrics: ServerMetrics,
+    api_keys: tuple[str, ...] = (),
+    *,
+    metrics_key: str | None = None,
+    log_content: bool = False,
+    body_timeout_s: float = BODY_TIMEOUT_S,
+) -> Callable[[APIError], JSONResponse]:
     """Register the handlers and the guard on app; returns `reply(error) -> JSONResponse`."""
 
     def reply(error: APIError) -> JSONResponse:
@@ -176,8 +215,14 @@ def install(app: FastAPI, metrics: ServerMetrics, api_keys: tuple[str, ...] = ()
             headers = {"Connection": "close"}
         return JSONResponse(error.body(), status_code=error.status, headers=headers)
 
-    app.add_middleware(Guard, api_keys=tuple(api_keys), reply=reply, metrics_key=metrics_key,
-                       log_content=log_content, body_timeout_s=body_timeout_s)
+    app.add_middleware(
+        Guard,
+        api_keys=tuple(api_keys),
+        reply=reply,
+        metrics_key=metrics_key,
+        log_content=log_content,
+        body_timeout_s=body_timeout_s,
+    )
 
     @app.exception_handler(APIError)
     async def _api_error(_request: Request, exc: APIError) -> JSONResponse:
@@ -203,8 +248,14 @@ def install(app: FastAPI, metrics: ServerMetrics, api_keys: tuple[str, ...] = ()
         if unreadable is not None:
             return reply(unreadable)
         status = exc.status_code if 400 <= exc.status_code < 500 else 500
-        return reply(APIError(status, str(exc.detail), type="invalid_request_error" if status < 500 else "server_error",
-                              code={404: "not_found", 405: "method_not_allowed"}.get(status)))
+        return reply(
+            APIError(
+                status,
+                str(exc.detail),
+                type="invalid_request_error" if status < 500 else "server_error",
+                code={404: "not_found", 405: "method_not_allowed"}.get(status),
+            )
+        )
 
     return reply
 
@@ -212,8 +263,12 @@ def install(app: FastAPI, metrics: ServerMetrics, api_keys: tuple[str, ...] = ()
 def _unreadable_body(cause: BaseException | None) -> APIError | None:
     """FastAPI's one "error parsing the body" made specific, from the exception behind it."""
     if isinstance(cause, UnicodeDecodeError):
-        return APIError(400, f"the body is not valid UTF-8 (byte 0x{cause.object[cause.start]:02x} at offset "
-                        f"{cause.start}); JSON text must be UTF-8", code="invalid_encoding")
+        return APIError(
+            400,
+            f"the body is not valid UTF-8 (byte 0x{cause.object[cause.start]:02x} at offset "
+            f"{cause.start}); JSON text must be UTF-8",
+            code="invalid_encoding",
+        )
     if isinstance(cause, RecursionError):
         return APIError(400, "the body's JSON nests arrays and objects too deeply to parse", code="json_too_deep")
     return None
@@ -230,8 +285,9 @@ def _explain(error: dict, param: str | None) -> str:
 
 def _is_type_tag(part: str | int) -> bool:
     """pydantic names union members in error locations ('str', 'list[int]', 'constrained-str')."""
-    return isinstance(part, str) and (part in {"str", "int", "float", "bool", "list", "dict"} or
-                                      any(c in part for c in "[]-"))
+    return isinstance(part, str) and (
+        part in {"str", "int", "float", "bool", "list", "dict"} or any(c in part for c in "[]-")
+    )
 
 
 # ---------------------------------------------------------------------- below the app: uvicorn
@@ -297,6 +353,8 @@ class _GuardedProtocol:
         fault = sys.exc_info()[1]
         detail = str(fault).strip() if fault is not None and str(fault).strip() else msg
         body = json.dumps(APIError(400, f"malformed HTTP request: {detail}", code="malformed_request").body()).encode()
-        self.transport.write(b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
-                             b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
+        self.transport.write(
+            b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
+        )
         self.transport.close()

@@ -99,10 +99,19 @@ class InfillRequest(BaseModel):
 
     def unsupported(self) -> str | None:
         """The first field set to a value this server cannot honour, else None."""
-        for name, default in (("repeat_penalty", 1.0), ("presence_penalty", 0.0), ("frequency_penalty", 0.0),
-                              ("dry_multiplier", 0.0), ("xtc_probability", 0.0), ("typical_p", 1.0),
-                              ("dynatemp_range", 0.0), ("mirostat", 0), ("min_keep", 0), ("n_probs", 0),
-                              ("n_cmpl", 1)):
+        for name, default in (
+            ("repeat_penalty", 1.0),
+            ("presence_penalty", 0.0),
+            ("frequency_penalty", 0.0),
+            ("dry_multiplier", 0.0),
+            ("xtc_probability", 0.0),
+            ("typical_p", 1.0),
+            ("dynatemp_range", 0.0),
+            ("mirostat", 0),
+            ("min_keep", 0),
+            ("n_probs", 0),
+            ("n_cmpl", 1),
+        ):
             if getattr(self, name) != default:
                 return name
         if self.top_n_sigma > 0:
@@ -127,9 +136,16 @@ def infill_sampling(body: InfillRequest, max_tokens: int) -> SamplingParams:
     top_k = body.top_k if "top_k" in chain and body.top_k > 0 else 0
     top_p = body.top_p if "top_p" in chain and 0 < body.top_p < 1 else 1.0
     min_p = body.min_p if "min_p" in chain and 0 < body.min_p < 1 else 0.0
-    return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                          seed=None if body.seed < 0 else body.seed % 2**64, max_tokens=max_tokens,
-                          stop=tuple(body.stop), ignore_eos=body.ignore_eos)
+    return SamplingParams(
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        seed=None if body.seed < 0 else body.seed % 2**64,
+        max_tokens=max_tokens,
+        stop=tuple(body.stop),
+        ignore_eos=body.ignore_eos,
+    )
 
 
 def indent_cut(text: str, n_indent: int) -> int | None:
@@ -179,9 +195,15 @@ class _Answer:
     superseded: bool = False
 
 
-def install(app: FastAPI, serving: Serving, model_name: str, *, count: Callable[[APIError], None],
-            speculation: Callable[[Any, SpeculationConfig], tuple[SpeculationConfig | None, list[str] | None]],
-            job_events: Callable[[Job, Request], AsyncIterator[Piece | Finished | Failed]]) -> None:
+def install(
+    app: FastAPI,
+    serving: Serving,
+    model_name: str,
+    *,
+    count: Callable[[APIError], None],
+    speculation: Callable[[Any, SpeculationConfig], tuple[SpeculationConfig | None, list[str] | None]],
+    job_events: Callable[[Job, Request], AsyncIterator[Piece | Finished | Failed]],
+) -> None:
     """Add /infill to app. speculation: the app's per-request speculation override (as for
     /v1/completions); job_events: the app's event stream of a job (a disconnect cancels it)."""
     engine = serving.engine
@@ -190,9 +212,15 @@ def install(app: FastAPI, serving: Serving, model_name: str, *, count: Callable[
 
     def prepare(body: InfillRequest) -> tuple[list[int], SamplingParams, int]:
         n_ctx = engine.target.n_ctx
-        built = fim_prompt(engine.tokenizer, body.input_prefix, body.input_suffix, prompt=body.prompt,
-                           extra=[(c.filename, c.text) for c in body.input_extra], tokens=tokens,
-                           budget=FimBudget(n_ctx=n_ctx, n_predict=max(0, body.n_predict)))
+        built = fim_prompt(
+            engine.tokenizer,
+            body.input_prefix,
+            body.input_suffix,
+            prompt=body.prompt,
+            extra=[(c.filename, c.text) for c in body.input_extra],
+            tokens=tokens,
+            budget=FimBudget(n_ctx=n_ctx, n_predict=max(0, body.n_predict)),
+        )
         room = max(1, n_ctx - len(built.ids))
         max_tokens = 1 if body.n_predict == 0 else room if body.n_predict < 0 else min(body.n_predict, room)
         return built.ids, infill_sampling(body, max_tokens), room
@@ -203,9 +231,17 @@ def install(app: FastAPI, serving: Serving, model_name: str, *, count: Callable[
         if field is not None:
             raise APIError(400, f"{field} is not supported by this server", param=field, code="unsupported_parameter")
         if tokens is None:
-            raise APIError(400, str(FimUnsupportedError("this model has no fill-in-the-middle tokens (prefix, suffix "
-                                                        "and middle); /infill needs a FIM-trained model such as "
-                                                        "Qwen2.5-Coder")), code="fim_unsupported")
+            raise APIError(
+                400,
+                str(
+                    FimUnsupportedError(
+                        "this model has no fill-in-the-middle tokens (prefix, suffix "
+                        "and middle); /infill needs a FIM-trained model such as "
+                        "Qwen2.5-Coder"
+                    )
+                ),
+                code="fim_unsupported",
+            )
         warmup = body.n_predict == 0
         config, drafters = speculation(body, engine.speculation)
         if warmup:  # fill the cache: one token, drafting nothing, no answer
@@ -218,8 +254,9 @@ def install(app: FastAPI, serving: Serving, model_name: str, *, count: Callable[
             clients.supersede(client, job)
             await asyncio.to_thread(serving.submit, job, sampling, config, drafters)
         except UnicodeEncodeError as exc:
-            raise APIError(400, f"the request holds U+{ord(exc.object[exc.start]):04X}, a lone surrogate",
-                           code="invalid_value") from None
+            raise APIError(
+                400, f"the request holds U+{ord(exc.object[exc.start]):04X}, a lone surrogate", code="invalid_value"
+            ) from None
         except PromptTooLongError as exc:
             raise APIError(400, str(exc), code="context_length_exceeded") from None
         except ServerBusy as exc:
@@ -227,10 +264,19 @@ def install(app: FastAPI, serving: Serving, model_name: str, *, count: Callable[
         except (ConfigError, BackendError) as exc:
             raise APIError(400, str(exc), code="invalid_value") from None
         answer = _Answer()
-        settings = {"n_ctx": engine.target.n_ctx, "n_predict": body.n_predict, "model": model_name,
-                    "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
-                    "min_p": sampling.min_p, "n_indent": body.n_indent, "t_max_predict_ms": body.t_max_predict_ms,
-                    "stop": list(sampling.stop), "samplers": body.samplers or list(DEFAULT_SAMPLERS)}
+        settings = {
+            "n_ctx": engine.target.n_ctx,
+            "n_predict": body.n_predict,
+            "model": model_name,
+            "temperature": sampling.temperature,
+            "top_k": sampling.top_k,
+            "top_p": sampling.top_p,
+            "min_p": sampling.min_p,
+            "n_indent": body.n_indent,
+            "t_max_predict_ms": body.t_max_predict_ms,
+            "stop": list(sampling.stop),
+            "samplers": body.samplers or list(DEFAULT_SAMPLERS),
+        }
 
         def advance(event: Piece | Finished | Failed) -> str | None:
             """Take one event; returns new text to send (None: nothing new)."""
@@ -238,9 +284,11 @@ def install(app: FastAPI, serving: Serving, model_name: str, *, count: Callable[
                 if isinstance(event.error, JobCancelled) and job.cancel_reason == SUPERSEDED:
                     answer.superseded = True
                     return None
-                error = APIError(503, "the server is shutting down", type="server_error", code="unavailable") \
-                    if isinstance(event.error, JobCancelled) else \
-                    APIError(500, f"generation failed: {event.error}", type="server_error")
+                error = (
+                    APIError(503, "the server is shutting down", type="server_error", code="unavailable")
+                    if isinstance(event.error, JobCancelled)
+                    else APIError(500, f"generation failed: {event.error}", type="server_error")
+                )
                 raise error
             if isinstance(event, Finished):
                 answer.finished = event
@@ -256,28 +304,45 @@ def install(app: FastAPI, serving: Serving, model_name: str, *, count: Callable[
             answer.text += event.text
             cut = indent_cut(answer.text, body.n_indent)
             newline = event.text.find("\n")
-            if (body.t_max_predict_ms and newline >= 0 and 1000 * (now - answer.first_piece_at) > body.t_max_predict_ms
-                    and (cut is None or before + newline + 1 < cut)):
+            if (
+                body.t_max_predict_ms
+                and newline >= 0
+                and 1000 * (now - answer.first_piece_at) > body.t_max_predict_ms
+                and (cut is None or before + newline + 1 < cut)
+            ):
                 cut = before + newline + 1  # llama.cpp: past the time limit, stop at a newline
             if cut is not None:
                 answer.text, answer.stop_type = answer.text[:cut], "limit"
                 job.cancel("n_indent or t_max_predict_ms reached")
-            new, answer.sent = answer.text[answer.sent:], len(answer.text)
+            new, answer.sent = answer.text[answer.sent :], len(answer.text)
             return new
 
         def final(content: str) -> dict:
             done = answer.finished
             stats = done.result.stats if done is not None else None
             visible = done is not None and done.cache_visible
-            out = {"index": 0, "content": content, "tokens": [], "id_slot": -1, "stop": True, "model": model_name,
-                   "tokens_predicted": 0 if warmup or stats is None else stats.num_generated,
-                   "tokens_evaluated": len(prompt_ids), "generation_settings": settings,
-                   "has_new_line": "\n" in answer.text,
-                   # the context, not n_predict, ended the answer
-                   "truncated": bool(stats and stats.finish_reason == "length" and not warmup
-                                     and (body.n_predict < 0 or body.n_predict > room)),
-                   "stop_type": answer.stop_type, "stopping_word": "",
-                   "tokens_cached": (stats.num_reused_tokens if visible else 0) if stats else 0}
+            out = {
+                "index": 0,
+                "content": content,
+                "tokens": [],
+                "id_slot": -1,
+                "stop": True,
+                "model": model_name,
+                "tokens_predicted": 0 if warmup or stats is None else stats.num_generated,
+                "tokens_evaluated": len(prompt_ids),
+                "generation_settings": settings,
+                "has_new_line": "\n" in answer.text,
+                # the context, not n_predict, ended the answer
+                "truncated": bool(
+                    stats
+                    and stats.finish_reason == "length"
+                    and not warmup
+                    and (body.n_predict < 0 or body.n_predict > room)
+                ),
+                "stop_type": answer.stop_type,
+                "stopping_word": "",
+                "tokens_cached": (stats.num_reused_tokens if visible else 0) if stats else 0,
+            }
             if body.return_tokens and done is not None and not warmup:
                 out["tokens"] = done.result.token_ids
             if answer.superseded:
@@ -296,16 +361,26 @@ def install(app: FastAPI, serving: Serving, model_name: str, *, count: Callable[
                         yield f"data: {json.dumps({'error': error.body()['error']})}\n\n"
                         return
                     if new:
-                        partial = {"index": 0, "content": new, "tokens": [], "stop": False, "id_slot": -1,
-                                   "tokens_predicted": 0, "tokens_evaluated": len(prompt_ids)}
+                        partial = {
+                            "index": 0,
+                            "content": new,
+                            "tokens": [],
+                            "stop": False,
+                            "id_slot": -1,
+                            "tokens_predicted": 0,
+                            "tokens_evaluated": len(prompt_ids),
+                        }
                         yield f"data: {json.dumps(partial, ensure_ascii=False)}\n\n"
                 yield f"data: {json.dumps(final(''), ensure_ascii=False)}\n\n"
             finally:
                 clients.done(client, job)
 
         if body.stream:
-            return StreamingResponse(events(), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return StreamingResponse(
+                events(),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
         try:
             async for event in job_events(job, request):
                 advance(event)
@@ -327,13 +402,17 @@ def _timings(stats, num_predicted: int) -> dict:
     not hold, predicted = the answer; draft counts when anything was drafted."""
     prompt_n = stats.num_prompt_tokens - stats.num_reused_tokens
     prompt_ms, predicted_ms = stats.prefill_ms, stats.decode_ms
-    out = {"cache_n": stats.num_reused_tokens,
-           "prompt_n": prompt_n, "prompt_ms": prompt_ms,
-           "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
-           "prompt_per_second": 1000.0 * prompt_n / prompt_ms if prompt_ms > 0 else 0.0,
-           "predicted_n": num_predicted, "predicted_ms": predicted_ms,
-           "predicted_per_token_ms": predicted_ms / num_predicted if num_predicted else 0.0,
-           "predicted_per_second": 1000.0 * num_predicted / predicted_ms if predicted_ms > 0 else 0.0}
+    out = {
+        "cache_n": stats.num_reused_tokens,
+        "prompt_n": prompt_n,
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+        "prompt_per_second": 1000.0 * prompt_n / prompt_ms if prompt_ms > 0 else 0.0,
+        "predicted_n": num_predicted,
+        "predicted_ms": predicted_ms,
+        "predicted_per_token_ms": predicted_ms / num_predicted if num_predicted else 0.0,
+        "predicted_per_second": 1000.0 * num_predicted / predicted_ms if predicted_ms > 0 else 0.0,
+    }
     if stats.num_drafted:
         out["draft_n"], out["draft_n_accepted"] = stats.num_drafted, stats.num_accepted
     return out

@@ -29,51 +29,81 @@ class ServerMetrics:
         self._position_drafted: list[int] = []
         self._position_accepted: list[int] = []
 
-        self.requests = Counter("draftwise_requests", "Generation requests that reached the engine, by outcome.",
-                                ["endpoint", "finish_reason"], registry=r)
-        self.errors = Counter("draftwise_errors", "Error responses and failed generations.", ["status", "type"],
-                              registry=r)
+        self.requests = Counter(
+            "draftwise_requests",
+            "Generation requests that reached the engine, by outcome.",
+            ["endpoint", "finish_reason"],
+            registry=r,
+        )
+        self.errors = Counter(
+            "draftwise_errors", "Error responses and failed generations.", ["status", "type"], registry=r
+        )
         self.prompt_tokens = Counter("draftwise_prompt_tokens", "Prompt tokens of finished requests.", registry=r)
-        self.reused_tokens = Counter("draftwise_reused_prompt_tokens",
-                                     "Prompt tokens whose KV entries were reused from the previous request.",
-                                     ["model"], registry=r)
+        self.reused_tokens = Counter(
+            "draftwise_reused_prompt_tokens",
+            "Prompt tokens whose KV entries were reused from the previous request.",
+            ["model"],
+            registry=r,
+        )
         self.generated_tokens = Counter("draftwise_generated_tokens", "Generated tokens.", registry=r)
         self.drafted_tokens = Counter("draftwise_drafted_tokens", "Draft tokens proposed.", registry=r)
-        self.accepted_tokens = Counter("draftwise_accepted_tokens",
-                                       "Draft tokens accepted (bonus/correction tokens excluded).", registry=r)
+        self.accepted_tokens = Counter(
+            "draftwise_accepted_tokens", "Draft tokens accepted (bonus/correction tokens excluded).", registry=r
+        )
         self.steps = Counter("draftwise_steps", "Target verification forwards after the prompt.", registry=r)
-        self.decode_seconds = Counter("draftwise_decode_seconds", "Time spent decoding (prefill excluded).",
-                                      registry=r)
+        self.decode_seconds = Counter("draftwise_decode_seconds", "Time spent decoding (prefill excluded).", registry=r)
         self.prefill_seconds = Counter("draftwise_prefill_seconds", "Time spent on prompt prefill.", registry=r)
-        self.drafter_steps = Counter("draftwise_drafter_steps",
-                                     "Steps by the drafter the policy chose ('none': plain).", ["drafter"], registry=r)
-        self.k_steps = Counter("draftwise_planned_k_steps", "Steps by the draft length k the policy planned.",
-                               ["k"], registry=r)
-        self.acceptance_rate = Gauge("draftwise_acceptance_rate", "accepted / drafted over the server's life.",
-                                     registry=r)
-        self.tokens_per_step = Gauge("draftwise_tokens_per_step",
-                                     "committed tokens (EOS included) / steps over the server's life.", registry=r)
-        self.tokens_per_second = Gauge("draftwise_tokens_per_second",
-                                       "generated tokens / decode seconds over the server's life (prefill excluded).",
-                                       registry=r)
-        self.accepted_per_position = Gauge("draftwise_accepted_per_position",
-                                           "Fraction of drafts whose position i was accepted, over the server's life.",
-                                           ["position"], registry=r)
-        self.request_tokens_per_second = Histogram("draftwise_request_tokens_per_second",
-                                                   "Per-request decode tokens/s.", buckets=RATE_BUCKETS, registry=r)
-        self.request_seconds = Histogram("draftwise_request_duration_seconds", "Queue wait + generation.",
-                                         buckets=LATENCY_BUCKETS, registry=r)
-        self.queue_seconds = Histogram("draftwise_queue_wait_seconds", "Time a request waited for the engine.",
-                                       buckets=LATENCY_BUCKETS, registry=r)
-        self.first_token_seconds = Histogram("draftwise_time_to_first_token_seconds",
-                                             "Arrival to first streamed text.", buckets=LATENCY_BUCKETS, registry=r)
+        self.drafter_steps = Counter(
+            "draftwise_drafter_steps", "Steps by the drafter the policy chose ('none': plain).", ["drafter"], registry=r
+        )
+        self.k_steps = Counter(
+            "draftwise_planned_k_steps", "Steps by the draft length k the policy planned.", ["k"], registry=r
+        )
+        self.acceptance_rate = Gauge(
+            "draftwise_acceptance_rate", "accepted / drafted over the server's life.", registry=r
+        )
+        self.tokens_per_step = Gauge(
+            "draftwise_tokens_per_step", "committed tokens (EOS included) / steps over the server's life.", registry=r
+        )
+        self.tokens_per_second = Gauge(
+            "draftwise_tokens_per_second",
+            "generated tokens / decode seconds over the server's life (prefill excluded).",
+            registry=r,
+        )
+        self.accepted_per_position = Gauge(
+            "draftwise_accepted_per_position",
+            "Fraction of drafts whose position i was accepted, over the server's life.",
+            ["position"],
+            registry=r,
+        )
+        self.request_tokens_per_second = Histogram(
+            "draftwise_request_tokens_per_second", "Per-request decode tokens/s.", buckets=RATE_BUCKETS, registry=r
+        )
+        self.request_seconds = Histogram(
+            "draftwise_request_duration_seconds", "Queue wait + generation.", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.queue_seconds = Histogram(
+            "draftwise_queue_wait_seconds", "Time a request waited for the engine.", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.first_token_seconds = Histogram(
+            "draftwise_time_to_first_token_seconds",
+            "Arrival to first streamed text.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.queue_length = Gauge("draftwise_queue_length", "Requests waiting for the engine.", registry=r)
-        self.running = Gauge("draftwise_requests_running", "Requests the engine is working on (busy slots).",
-                             registry=r)
-        self.slots_total = Gauge("draftwise_slots", "Requests the engine can decode together (serve --parallel).",
-                                 registry=r)
-        self.batch_rows = Histogram("draftwise_batch_rows", "Target rows per batched forward (draft + prompt chunks).",
-                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), registry=r)
+        self.running = Gauge(
+            "draftwise_requests_running", "Requests the engine is working on (busy slots).", registry=r
+        )
+        self.slots_total = Gauge(
+            "draftwise_slots", "Requests the engine can decode together (serve --parallel).", registry=r
+        )
+        self.batch_rows = Histogram(
+            "draftwise_batch_rows",
+            "Target rows per batched forward (draft + prompt chunks).",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+            registry=r,
+        )
 
     def track_queue(self, queue_length: Callable[[], int], running: Callable[[], int]) -> None:
         self.queue_length.set_function(queue_length)
@@ -82,8 +112,9 @@ class ServerMetrics:
     def observe_error(self, status: int, error_type: str) -> None:
         self.errors.labels(str(status), error_type).inc()
 
-    def observe_request(self, endpoint: str, stats: RequestStats, *, queue_s: float,
-                        total_s: float, first_token_s: float | None) -> None:
+    def observe_request(
+        self, endpoint: str, stats: RequestStats, *, queue_s: float, total_s: float, first_token_s: float | None
+    ) -> None:
         self.requests.labels(endpoint, stats.finish_reason or "unknown").inc()
         self.prompt_tokens.inc(stats.num_prompt_tokens)
         self.reused_tokens.labels("target").inc(stats.num_reused_tokens)

@@ -84,11 +84,15 @@ class _GenerationRequest(_Request):
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = Field(None, ge=-2, le=2, description="Per token the answer holds (output only).")
     frequency_penalty: float | None = Field(None, ge=-2, le=2, description="Per occurrence in the answer.")
-    repeat_penalty: float | None = Field(None, gt=0, description="Extension (llama.cpp): over the last "
-                                         "repeat_last_n tokens, prompt included; 1 disables it.")
+    repeat_penalty: float | None = Field(
+        None,
+        gt=0,
+        description="Extension (llama.cpp): over the last repeat_last_n tokens, prompt included; 1 disables it.",
+    )
     repeat_last_n: int | None = Field(None, ge=-1, description="Extension (llama.cpp): default 64, -1 all, 0 off.")
     logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
-        None, description="Token id (as a string) -> bias added to its logit.")
+        None, description="Token id (as a string) -> bias added to its logit."
+    )
     user: str | None = None
     ignore_eos: bool = Field(False, description="Extension: keep generating past EOS (benchmarks).")
     speculation: SpeculationOptions | None = None
@@ -116,8 +120,9 @@ class ChatCompletionRequest(_GenerationRequest):
     logprobs: bool | None = Field(None, description="Each answer token's logprob (the model's raw log-softmax).")
     top_logprobs: int | None = Field(None, ge=0, le=20, description="Alternatives per token (needs logprobs).")
     tools: list[dict[str, Any]] | None = Field(None, description="Function tools (see the README's Tool calling).")
-    tool_choice: str | dict[str, Any] | None = Field(None, description='"none", "auto" (default), "required" or '
-                                                     '{"type": "function", "function": {"name": ...}}.')
+    tool_choice: str | dict[str, Any] | None = Field(
+        None, description='"none", "auto" (default), "required" or {"type": "function", "function": {"name": ...}}.'
+    )
     parallel_tool_calls: bool | None = Field(None, description="false: at most one call (default true).")
 
     def unsupported(self) -> str | None:
@@ -132,8 +137,11 @@ class CompletionRequest(_GenerationRequest):
     max_tokens: int | None = Field(None, ge=0, description="0: no new tokens (with echo: the prompt scored).")
     logprobs: int | None = Field(None, ge=0, le=5, description="Logprobs with this many alternatives per token.")
     echo: bool | None = Field(None, description="The prompt before the answer (with its logprobs if asked).")
-    suffix: str | None = Field(None, description="Text after the completion: fill in the middle with the model's "
-                                                 "FIM tokens (a model without them answers 400).")
+    suffix: str | None = Field(
+        None,
+        description="Text after the completion: fill in the middle with the model's "
+        "FIM tokens (a model without them answers 400).",
+    )
     best_of: int | None = Field(None, description="Only 1 is supported.")
 
     def unsupported(self) -> str | None:
@@ -151,8 +159,9 @@ class SpeculativeUsage(BaseModel):
     num_prompt_tokens: int
     num_reused_tokens: int = Field(description="Prompt tokens whose target KV entries came from the last request.")
     num_draft_reused_tokens: int = Field(
-        0, description="Prompt tokens the draft model's KV cache already held when it first drafted "
-                       "(0 if it never did).")
+        0,
+        description="Prompt tokens the draft model's KV cache already held when it first drafted (0 if it never did).",
+    )
     num_generated: int
     num_drafted: int
     num_accepted: int
@@ -163,10 +172,12 @@ class SpeculativeUsage(BaseModel):
     accepted_per_position: list[float]
     # None (with prefill_ms, decode_ms and draft_ms) when the slot last served another tenant:
     # those times would show how much of that tenant's prompt this request reused.
-    tokens_per_second: float | None = Field(description="Generated tokens over decode time (prefill excluded); "
-                                                        "null after another tenant's request.")
-    tokens_per_second_e2e: float | None = Field(description="Generated tokens over prefill + decode time; "
-                                                            "null after another tenant's request.")
+    tokens_per_second: float | None = Field(
+        description="Generated tokens over decode time (prefill excluded); null after another tenant's request."
+    )
+    tokens_per_second_e2e: float | None = Field(
+        description="Generated tokens over prefill + decode time; null after another tenant's request."
+    )
     finish_reason: str
 
 

@@ -88,12 +88,15 @@ def deployment_options(replica: ReplicaConfig, scaling: Scaling) -> dict[str, An
     """Ray Serve deployment options: one engine per replica, as many ongoing requests as it has slots.
 
     >>> deployment_options(ReplicaConfig(options=LoadOptions(slots=2, threads=2)), Scaling(replicas=3))
-    {'max_ongoing_requests': 2, 'max_queued_requests': 64, 'ray_actor_options': {'num_cpus': 2, 'num_gpus': 0}, 'num_replicas': 3}
+    {'max_ongoing_requests': 2, 'max_queued_requests': 64,
+     'ray_actor_options': {'num_cpus': 2, 'num_gpus': 0}, 'num_replicas': 3}
     """
     slots = replica.num_slots
     if replica.max_queue < 1:
-        raise ConfigError(f"max_queue (serve --max-queue) must be >= 1 on Ray: it bounds each Ray proxy's queue, "
-                          f"got {replica.max_queue}")
+        raise ConfigError(
+            f"max_queue (serve --max-queue) must be >= 1 on Ray: it bounds each Ray proxy's queue, "
+            f"got {replica.max_queue}"
+        )
     num_cpus = scaling.num_cpus if scaling.num_cpus is not None else replica.options.threads or 1
     num_gpus = scaling.num_gpus if scaling.num_gpus is not None else int(replica.options.device.startswith("cuda"))
     options: dict[str, Any] = {
@@ -108,8 +111,12 @@ def deployment_options(replica: ReplicaConfig, scaling: Scaling) -> dict[str, An
         options["num_replicas"] = scaling.replicas
     else:
         low, high = scaling.autoscale
-        options["autoscaling_config"] = {"min_replicas": low, "max_replicas": high,
-                                         "initial_replicas": max(low, 1), "target_ongoing_requests": slots}
+        options["autoscaling_config"] = {
+            "min_replicas": low,
+            "max_replicas": high,
+            "initial_replicas": max(low, 1),
+            "target_ongoing_requests": slots,
+        }
     return options
 
 
@@ -118,8 +125,15 @@ def ray_app(replica: ReplicaConfig, scaling: Scaling = Scaling()):
     return _replica_class().options(**deployment_options(replica, scaling)).bind(replica)
 
 
-def run(replica: ReplicaConfig, scaling: Scaling = Scaling(), *, address: str | None = None,
-        host: str = "127.0.0.1", port: int = 8000, ready=None) -> None:
+def run(
+    replica: ReplicaConfig,
+    scaling: Scaling = Scaling(),
+    *,
+    address: str | None = None,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    ready=None,
+) -> None:
     """Start (address None: a new local cluster) or join a cluster, deploy, serve until Ctrl+C.
 
     address: "auto" joins the cluster `ray start` runs on this machine; "HOST:PORT" or
@@ -202,8 +216,14 @@ def _replica_class():
             from draftwise.server import create_app
 
             config, engine = self._config, self._engine
-            app = create_app(engine, config.model_name or engine.target.name, api_keys=config.api_keys,
-                             metrics_key=config.metrics_key, log_content=config.log_content, max_queue=config.max_queue)
+            app = create_app(
+                engine,
+                config.model_name or engine.target.name,
+                api_keys=config.api_keys,
+                metrics_key=config.metrics_key,
+                log_content=config.log_content,
+                max_queue=config.max_queue,
+            )
             app.add_middleware(ReplicaHeader, replica=self._replica_id)
             return app
 
@@ -236,13 +256,21 @@ class _PullLog:
 def _load(config: ReplicaConfig):
     from draftwise.loading import load_engine
 
-    engine = load_engine(config.target, config.draft, options=config.options, speculation=config.speculation,
-                         progress=_PullLog(), datastore=config.datastore)
+    engine = load_engine(
+        config.target,
+        config.draft,
+        options=config.options,
+        speculation=config.speculation,
+        progress=_PullLog(),
+        datastore=config.datastore,
+    )
     for name, reason in engine.skipped_drafters.items():
         logger.info("drafter %r %s", name, reason)
     if engine.num_slots != config.num_slots:
-        raise ConfigError(f"the replica's engine has {engine.num_slots} slot(s) but the deployment was sized for "
-                          f"{config.num_slots}; give the slots explicitly (serve --parallel N)")
+        raise ConfigError(
+            f"the replica's engine has {engine.num_slots} slot(s) but the deployment was sized for "
+            f"{config.num_slots}; give the slots explicitly (serve --parallel N)"
+        )
     if config.speculation.policy == "auto":  # calibrate before the first request, not inside it
         _ = engine.target_time().curve
     return engine

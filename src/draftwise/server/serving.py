@@ -54,8 +54,9 @@ Event = Piece | Finished | Failed
 class Job:
     """One request's life: queued -> running -> finished; events flow worker -> event loop."""
 
-    def __init__(self, job_id: str, endpoint: str, prompt_ids: list[int], tenant: int | None = None,
-                 predicted: bool = False) -> None:
+    def __init__(
+        self, job_id: str, endpoint: str, prompt_ids: list[int], tenant: int | None = None, predicted: bool = False
+    ) -> None:
         self.id = job_id
         self.predicted = predicted
         self.tenant = tenant  # which API key sent it (None: the server has none)
@@ -105,8 +106,14 @@ MAX_QUEUE = 64
 class Serving:
     """Owns the engine for the server: a FIFO of jobs and the one thread that runs them."""
 
-    def __init__(self, engine: Engine, metrics: ServerMetrics | None = None, *, max_queue: int = MAX_QUEUE,
-                 prefill_chunk: int = PREFILL_CHUNK) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        metrics: ServerMetrics | None = None,
+        *,
+        max_queue: int = MAX_QUEUE,
+        prefill_chunk: int = PREFILL_CHUNK,
+    ) -> None:
         self.engine = engine
         self.metrics = metrics or ServerMetrics()
         self.max_queue = max_queue
@@ -132,26 +139,41 @@ class Serving:
         return self.engine.num_slots - len(self.running)
 
     # ------------------------------------------------------------ event-loop side
-    def encode(self, prompt: str | None = None, messages: Sequence[dict] | None = None,
-               tools: Sequence[dict] | None = None) -> list[int]:
+    def encode(
+        self, prompt: str | None = None, messages: Sequence[dict] | None = None, tools: Sequence[dict] | None = None
+    ) -> list[int]:
         """Tokenise (chat template for messages, with tools if any). Thread-safe: it reads the
         vocabulary only."""
         return self.engine.encode_prompt(prompt, messages, tools)
 
-    def submit(self, job: Job, sampling: SamplingParams, speculation: SpeculationConfig | None,
-               drafters: Sequence[str] | None, prediction: str | None = None) -> Job:
+    def submit(
+        self,
+        job: Job,
+        sampling: SamplingParams,
+        speculation: SpeculationConfig | None,
+        drafters: Sequence[str] | None,
+        prediction: str | None = None,
+    ) -> Job:
         """Queue a job. Raises ConfigError/PromptTooLongError now, before anything is queued."""
         if self._closed:
             raise RuntimeError("the server is shutting down")
         # NOTE: Engine.stream validates eagerly and takes the engine lock only when iterated,
         # so calling it here checks the request without waiting for the engine.
-        job.generation = self.engine.stream(prompt_ids=job.prompt_ids, sampling=sampling, speculation=speculation,
-                                            cancelled=job.is_cancelled, drafters=drafters, prediction=prediction)
+        job.generation = self.engine.stream(
+            prompt_ids=job.prompt_ids,
+            sampling=sampling,
+            speculation=speculation,
+            cancelled=job.is_cancelled,
+            drafters=drafters,
+            prediction=prediction,
+        )
         with self._submit_lock:  # submits run in worker threads: one bound check and put at a time
             waiting = self._queue.qsize() - self.num_free_slots  # a free slot takes a queued job next
             if waiting >= self.max_queue:
-                raise ServerBusy(f"the server is busy: {waiting} requests are waiting for "
-                                 f"{self.engine.num_slots} slot(s); retry shortly")
+                raise ServerBusy(
+                    f"the server is busy: {waiting} requests are waiting for "
+                    f"{self.engine.num_slots} slot(s); retry shortly"
+                )
             job.seq = next(self._seq)
             self._ensure_worker()
             self._queue.put(job)
@@ -191,13 +213,20 @@ class Serving:
     def _finished(self, job: Job, result: Result, cache_visible: bool) -> None:
         stats = result.stats
         if stats.finish_reason == "cancelled":
-            logger.info("%s: cancelled after %d generated tokens (%s); the caches stay consistent for the next request",
-                        job.id, stats.num_generated, job.cancel_reason or "cancelled")
+            logger.info(
+                "%s: cancelled after %d generated tokens (%s); the caches stay consistent for the next request",
+                job.id,
+                stats.num_generated,
+                job.cancel_reason or "cancelled",
+            )
         now = time.monotonic()
         self.metrics.observe_request(
-            job.endpoint, stats, queue_s=job.started_at - job.enqueued_at,
+            job.endpoint,
+            stats,
+            queue_s=job.started_at - job.enqueued_at,
             total_s=now - job.enqueued_at,
-            first_token_s=None if job.first_piece_at is None else job.first_piece_at - job.enqueued_at)
+            first_token_s=None if job.first_piece_at is None else job.first_piece_at - job.enqueued_at,
+        )
         job.push(Finished(result, cache_visible, job.predicted))
 
     def _work(self) -> None:

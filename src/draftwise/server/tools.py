@@ -86,8 +86,20 @@ def deltas(events: list[StreamEvent], chunk: Callable[[dict], str]) -> str:
         if e.content:
             out.append(chunk({"content": e.content}))
         elif e.name is not None:
-            out.append(chunk({"tool_calls": [{"index": e.index, "id": e.id, "type": "function",
-                                              "function": {"name": e.name, "arguments": ""}}]}))
+            out.append(
+                chunk(
+                    {
+                        "tool_calls": [
+                            {
+                                "index": e.index,
+                                "id": e.id,
+                                "type": "function",
+                                "function": {"name": e.name, "arguments": ""},
+                            }
+                        ]
+                    }
+                )
+            )
         elif e.arguments:
             out.append(chunk({"tool_calls": [{"index": e.index, "function": {"arguments": e.arguments}}]}))
     return "".join(out)

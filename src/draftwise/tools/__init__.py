@@ -11,5 +11,17 @@ from draftwise.tools.formats.base import Parsed, StreamEvent, ToolCall
 from draftwise.tools.plan import ToolPlan, tool_plan
 from draftwise.tools.spec import Tool, ToolChoice, parse_tool_choice, parse_tools, template_messages
 
-__all__ = ["Parsed", "StreamEvent", "Tool", "ToolCall", "ToolChoice", "ToolFormat", "ToolPlan", "format_for",
-           "parse_tool_choice", "parse_tools", "template_messages", "tool_plan"]
+__all__ = [
+    "Parsed",
+    "StreamEvent",
+    "Tool",
+    "ToolCall",
+    "ToolChoice",
+    "ToolFormat",
+    "ToolPlan",
+    "format_for",
+    "parse_tool_choice",
+    "parse_tools",
+    "template_messages",
+    "tool_plan",
+]

@@ -26,8 +26,11 @@ def tool_plan(tokenizer, tools: Sequence[Tool], choice: ToolChoice, parallel: bo
     without tool support is refused (ToolSpecError on `tools`): see the README's Tool calling."""
     fmt = format_for(getattr(tokenizer, "chat_template", None))
     if fmt is None:
-        raise ToolSpecError("this model's chat template has no tool support (no tool-call format this server "
-                            "knows), so it cannot take tools", "tools")
+        raise ToolSpecError(
+            "this model's chat template has no tool support (no tool-call format this server "
+            "knows), so it cannot take tools",
+            "tools",
+        )
 
     def tag(text: str) -> str:
         ids = tokenizer.encode(text, add_special=False, parse_special=True)

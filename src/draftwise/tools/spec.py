@@ -61,23 +61,28 @@ def parse_tools(raw: Sequence[Any]) -> tuple[Tool, ...]:
     for i, item in enumerate(raw):
         where = f"tools[{i}]"
         if not isinstance(item, dict) or item.get("type", "function") != "function":
-            raise ToolSpecError(f"{where} must be a function tool ({{\"type\": \"function\", \"function\": ...}})",
-                                f"{where}.type")
+            raise ToolSpecError(
+                f'{where} must be a function tool ({{"type": "function", "function": ...}})', f"{where}.type"
+            )
         fn = item.get("function")
         if not isinstance(fn, dict):
             raise ToolSpecError(f"{where}.function must be an object", f"{where}.function")
         name = fn.get("name")
         if not isinstance(name, str) or not NAME.match(name):
-            raise ToolSpecError(f"{where}.function.name must be 1-64 letters, digits, underscores or dashes, "
-                                f"got {name!r}", f"{where}.function.name")
+            raise ToolSpecError(
+                f"{where}.function.name must be 1-64 letters, digits, underscores or dashes, got {name!r}",
+                f"{where}.function.name",
+            )
         if name in seen:
-            raise ToolSpecError(f"{where}.function.name {name!r} is given twice; tool names must be unique",
-                                f"{where}.function.name")
+            raise ToolSpecError(
+                f"{where}.function.name {name!r} is given twice; tool names must be unique", f"{where}.function.name"
+            )
         seen.add(name)
         parameters = fn.get("parameters", {"type": "object", "properties": {}})
         if not isinstance(parameters, dict) or parameters.get("type", "object") != "object":
-            raise ToolSpecError(f"{where}.function.parameters must be a JSON schema of type object",
-                                f"{where}.function.parameters")
+            raise ToolSpecError(
+                f"{where}.function.parameters must be a JSON schema of type object", f"{where}.function.parameters"
+            )
         description = fn.get("description") or ""
         if not isinstance(description, str):
             raise ToolSpecError(f"{where}.function.description must be a string", f"{where}.function.description")
@@ -92,8 +97,9 @@ def parse_tool_choice(raw: Any, tools: Sequence[Tool]) -> ToolChoice:
         return ToolChoice("auto")
     if isinstance(raw, str):
         if raw not in CHOICES:
-            raise ToolSpecError(f"tool_choice must be one of {', '.join(CHOICES)} or a named function, got {raw!r}",
-                                "tool_choice")
+            raise ToolSpecError(
+                f"tool_choice must be one of {', '.join(CHOICES)} or a named function, got {raw!r}", "tool_choice"
+            )
         return ToolChoice(raw)
     name = raw.get("function", {}).get("name") if isinstance(raw, dict) and raw.get("type") == "function" else None
     if not isinstance(name, str):
@@ -123,18 +129,23 @@ def template_messages(messages: Sequence[dict]) -> list[dict]:
                     try:
                         arguments = json.loads(arguments or "{}")
                     except json.JSONDecodeError as exc:
-                        raise ToolSpecError(f"{where}.function.arguments is not JSON: {exc}",
-                                            f"{where}.function.arguments") from None
-                calls.append({"id": call.get("id"), "type": "function",
-                              "function": {"name": fn["name"], "arguments": arguments}})
+                        raise ToolSpecError(
+                            f"{where}.function.arguments is not JSON: {exc}", f"{where}.function.arguments"
+                        ) from None
+                calls.append(
+                    {"id": call.get("id"), "type": "function", "function": {"name": fn["name"], "arguments": arguments}}
+                )
                 if call.get("id"):
                     open_calls.add(call["id"])
             message["tool_calls"] = calls
         elif role == "tool":
             call_id = message.get("tool_call_id")
             if not call_id or call_id not in open_calls:
-                raise ToolSpecError(f"messages[{i}] (role tool) must answer a tool call of the assistant message "
-                                    f"before it; tool_call_id {call_id!r} matches none", f"messages[{i}].tool_call_id")
+                raise ToolSpecError(
+                    f"messages[{i}] (role tool) must answer a tool call of the assistant message "
+                    f"before it; tool_call_id {call_id!r} matches none",
+                    f"messages[{i}].tool_call_id",
+                )
         elif role != "system":
             open_calls = set()
         out.append(message)

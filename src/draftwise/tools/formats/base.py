@@ -91,8 +91,9 @@ class ToolFormat:
         """Whether a chat template is this format's (it renders tools and calls this way)."""
         raise NotImplementedError
 
-    def grammar(self, tools: Sequence[Tool], choice: ToolChoice, parallel: bool, tag: Callable[[str], str],
-                *, lazy: bool) -> str:
+    def grammar(
+        self, tools: Sequence[Tool], choice: ToolChoice, parallel: bool, tag: Callable[[str], str], *, lazy: bool
+    ) -> str:
         """Lark grammar of the calls; lazy: of what follows the trigger, else trigger included.
         tag(text) is the Lark for a fixed text (a single token where the vocabulary has one)."""
         raise NotImplementedError
@@ -118,8 +119,9 @@ class JsonCallsFormat(ToolFormat):
     closer: str = ""
     separator: str = ""
 
-    def grammar(self, tools: Sequence[Tool], choice: ToolChoice, parallel: bool, tag: Callable[[str], str],
-                *, lazy: bool) -> str:
+    def grammar(
+        self, tools: Sequence[Tool], choice: ToolChoice, parallel: bool, tag: Callable[[str], str], *, lazy: bool
+    ) -> str:
         chosen = [t for t in tools if choice.mode != "named" or t.name == choice.name]
         many = parallel and choice.mode != "named"
         trigger = tag(self.trigger)
@@ -129,9 +131,11 @@ class JsonCallsFormat(ToolFormat):
         # default target repeat its call until max_tokens.
         sep = lark_literal(self.separator)
         more = f" ({sep} {trigger} call)* {sep}?" if many and self.separator else f" ({trigger} call)*" if many else ""
-        lines = [f"start: {head}call{more}",
-                 f'call: {lark_literal(self.opener + "{")} fn {lark_literal("}")} {_tagged(self.closer, tag)}',
-                 "fn: " + " | ".join(f"fn_{i}" for i in range(len(chosen)))]
+        lines = [
+            f"start: {head}call{more}",
+            f"call: {lark_literal(self.opener + '{')} fn {lark_literal('}')} {_tagged(self.closer, tag)}",
+            "fn: " + " | ".join(f"fn_{i}" for i in range(len(chosen))),
+        ]
         for i, tool in enumerate(chosen):
             key = lark_literal(f'"name": {json.dumps(tool.name)}, "arguments": ')
             lines.append(f"fn_{i}: {key} args_{i}")
@@ -194,14 +198,14 @@ class JsonCallsParser:
         at = buf.find(trigger)
         if at >= 0:
             before = buf[:at].rstrip()
-            self._buf, self._mode = buf[at + len(trigger):], "head"
+            self._buf, self._mode = buf[at + len(trigger) :], "head"
             self.content += before
             return StreamEvent(content=before)
         hold = next((n for n in range(min(len(trigger) - 1, len(buf)), 0, -1) if trigger.startswith(buf[-n:])), 0)
         emit = buf[: len(buf) - hold].rstrip()
         if not emit:
             return None
-        self._buf = buf[len(emit):]
+        self._buf = buf[len(emit) :]
         self.content += emit
         return StreamEvent(content=emit)
 
@@ -210,7 +214,7 @@ class JsonCallsParser:
         if match is None or match.end() == len(self._buf):  # the arguments have not begun yet
             return None
         name = json.loads(f'"{match.group(1)}"')
-        self._buf, self._mode = self._buf[match.end():], "args"
+        self._buf, self._mode = self._buf[match.end() :], "args"
         self._current = {"id": new_call_id(), "name": name, "arguments": ""}
         self._depth, self._in_string, self._escape = 0, False, False
         return StreamEvent(index=len(self.calls), id=self._current["id"], name=name)
@@ -237,7 +241,7 @@ class JsonCallsParser:
                     end = i + 1
                     break
         piece = self._buf if end is None else self._buf[:end]
-        self._buf = self._buf[len(piece):]
+        self._buf = self._buf[len(piece) :]
         self._current["arguments"] += piece
         if end is not None:
             self._mode = "close"
@@ -248,7 +252,7 @@ class JsonCallsParser:
         stripped = self._buf.lstrip()
         if not stripped.startswith(closer):
             return None
-        self._buf = stripped[len(closer):]
+        self._buf = stripped[len(closer) :]
         self.calls.append(ToolCall(**self._current))
         self._current, self._mode = None, "between"
         return StreamEvent()
@@ -256,7 +260,7 @@ class JsonCallsParser:
     def _between(self) -> StreamEvent | None:
         stripped = self._buf.lstrip()
         if stripped.startswith(self.fmt.trigger):
-            self._buf, self._mode = stripped[len(self.fmt.trigger):], "head"
+            self._buf, self._mode = stripped[len(self.fmt.trigger) :], "head"
             return StreamEvent()
         if stripped and not self.fmt.trigger.startswith(stripped):
             self._buf = ""  # text after the calls (no grammar allows it) is not part of the message
