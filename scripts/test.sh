@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Set up with the test extras and run the whole test suite (unit, statistical, llama.cpp
-# on tiny generated models, the server, and the real default pair, fetched on first use).
+# Set up with the test extras, check lint and formatting (ruff, config in pyproject.toml; CI
+# checks the layout, it never rewrites it), and run the whole test suite (unit, statistical,
+# llama.cpp on tiny generated models, the server, and the real default pair, fetched on first use).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh test,hf
 . .venv/bin/activate
+ruff check src tests scripts
+ruff format --check src tests scripts
 python -m pytest -q "$@"

@@ -38,8 +38,11 @@ PROMPTS = [
 
 # A datastore corpus that holds the answer to one prompt, so the datastore drafter drafts.
 CORPUS = [
-    ("geometry.py", "def area(w: float, h: float) -> float:\n    return w * h\n\n\n"
-                    "def perimeter(w: float, h: float) -> float:\n    return 2 * (w + h)\n"),
+    (
+        "geometry.py",
+        "def area(w: float, h: float) -> float:\n    return w * h\n\n\n"
+        "def perimeter(w: float, h: float) -> float:\n    return 2 * (w + h)\n",
+    ),
     ("strings.py", "def is_palindrome(s: str) -> bool:\n    return s == s[::-1]\n"),
 ]
 
@@ -59,8 +62,12 @@ def engine(tmp_path_factory):
     target, draft = default_paths()
     # policy="fixed": the draft model is tested whether or not it could pay on this host.
     # Four sequences: the token-tree test verifies branches on the same target.
-    engine = load_engine(str(target), f"ngram,suffix,{draft}", options=LoadOptions(n_seq_max=4),
-                         speculation=SpeculationConfig(policy="fixed"))
+    engine = load_engine(
+        str(target),
+        f"ngram,suffix,{draft}",
+        options=LoadOptions(n_seq_max=4),
+        speculation=SpeculationConfig(policy="fixed"),
+    )
     store = tmp_path_factory.mktemp("datastore") / "ds"
     encode = lambda text: engine.tokenizer.encode(text, add_special=False)  # noqa: E731
     build_datastore([*CORPUS, *stdlib_sources(max_files=20)], encode, store)
@@ -113,8 +120,12 @@ def check_equivalence(engine, label, speculation, drafters) -> list:
     for prompt in PROMPTS:
         prompt_ids = engine.encode_prompt(messages=[{"role": "user", "content": prompt}])
         expected, margins, runners_up = plain_with_margins(engine, prompt_ids, NUM_TOKENS)
-        result = engine.generate(prompt_ids=prompt_ids, sampling=SamplingParams(max_tokens=NUM_TOKENS),
-                                 speculation=speculation, drafters=drafters)
+        result = engine.generate(
+            prompt_ids=prompt_ids,
+            sampling=SamplingParams(max_tokens=NUM_TOKENS),
+            speculation=speculation,
+            drafters=drafters,
+        )
         results.append(result)
         got = result.token_ids
         if got == expected:
@@ -123,13 +134,16 @@ def check_equivalence(engine, label, speculation, drafters) -> list:
         pos = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
         margin = margins[pos] if pos < len(margins) else float("nan")
         runner_up = runners_up[pos] if pos < len(runners_up) else None
-        divergences.append((prompt[:40], pos, expected[pos:pos + 1], got[pos:pos + 1], margin,
-                            got[pos:pos + 1] == [runner_up]))
+        divergences.append(
+            (prompt[:40], pos, expected[pos : pos + 1], got[pos : pos + 1], margin, got[pos : pos + 1] == [runner_up])
+        )
     drafted = sum(r.stats.num_drafted for r in results)
     print(f"\n{label}: identical {identical}/{len(PROMPTS)}, {drafted} tokens drafted")
     for d in divergences:
-        print(f"  divergence: prompt={d[0]!r} position={d[1]} plain={d[2]} speculative={d[3]} margin={d[4]:.4f} "
-              f"runner-up={d[5]}")
+        print(
+            f"  divergence: prompt={d[0]!r} position={d[1]} plain={d[2]} speculative={d[3]} margin={d[4]:.4f} "
+            f"runner-up={d[5]}"
+        )
     assert all(d[4] < MARGIN_BOUND and d[5] for d in divergences), divergences
     assert drafted > 0, f"{label} never drafted: the test would prove nothing"
     return results
@@ -162,7 +176,7 @@ def test_constrained_answers_of_the_schema_suite_validate(engine):
     for i, prompt in enumerate(load_suite("structured_schema")[:3]):
         sampling = SamplingParams(max_tokens=400, constraint=Constraint.json_schema(prompt.json_schema))
         messages = [{"role": "user", "content": prompt.turns[0]}]
-        for speculation, drafters in ((plain, speculative) if i == 0 else (speculative,)):
+        for speculation, drafters in (plain, speculative) if i == 0 else (speculative,):
             result = engine.generate(messages=messages, sampling=sampling, speculation=speculation, drafters=drafters)
             assert result.finish_reason == "stop", result.text
             jsonschema.validate(json.loads(result.text), prompt.json_schema)
@@ -177,7 +191,13 @@ def test_default_target_fills_in_the_middle(engine):
 
     tokens = require_fim_tokens(engine.tokenizer)
     assert (tokens.prefix, tokens.suffix, tokens.middle, tokens.pad, tokens.repo, tokens.file_sep) == (
-        151659, 151660, 151661, 151662, 151663, 151664)
+        151659,
+        151660,
+        151661,
+        151662,
+        151663,
+        151664,
+    )
     ids = fim_prompt(engine.tokenizer, "def add(a, b):\n    return ", "\n\n\nprint(add(2, 3))\n").ids
     sampling = SamplingParams(max_tokens=16)
     plain = engine.generate(prompt_ids=ids, sampling=sampling, speculation=SpeculationConfig(enabled=False))
@@ -195,20 +215,37 @@ def test_default_target_calls_a_tool_with_speculation_as_without(engine):
 
     from draftwise.tools import ToolChoice, parse_tools, tool_plan
 
-    tools = parse_tools([{"type": "function", "function": {
-        "name": "get_weather", "description": "The current weather in a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}])
+    tools = parse_tools(
+        [
+            {
+                "type": "function",
+                "function": {
+                    "name": "get_weather",
+                    "description": "The current weather in a city.",
+                    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+                },
+            }
+        ]
+    )
     plan = tool_plan(engine.tokenizer, tools, ToolChoice("required"), parallel=False)
-    prompt_ids = engine.encode_prompt(messages=[{"role": "user", "content": "What's the weather in Paris right now?"}],
-                                      tools=[t.as_openai() for t in tools])
+    prompt_ids = engine.encode_prompt(
+        messages=[{"role": "user", "content": "What's the weather in Paris right now?"}],
+        tools=[t.as_openai() for t in tools],
+    )
     sampling = SamplingParams(max_tokens=80, constraint=plan.constraint)
     plain = engine.generate(prompt_ids=prompt_ids, sampling=sampling, speculation=SpeculationConfig(enabled=False))
     [call] = plan.format.parse(plain.text).calls
     assert call.name == "get_weather" and "paris" in json.loads(call.arguments)["city"].lower()
     for drafters in (["ngram"], ["draft"]):
-        result = engine.generate(prompt_ids=prompt_ids, sampling=sampling, drafters=drafters,
-                                 speculation=SpeculationConfig(policy="fixed", max_draft_tokens=8))
+        result = engine.generate(
+            prompt_ids=prompt_ids,
+            sampling=sampling,
+            drafters=drafters,
+            speculation=SpeculationConfig(policy="fixed", max_draft_tokens=8),
+        )
         assert [(c.name, c.arguments) for c in plan.format.parse(result.text).calls] == [(call.name, call.arguments)]
         assert result.stats.num_forced_tokens > 0  # the call's fixed text is committed without a decision
-        print(f"\n{drafters}: identical tokens {result.token_ids == plain.token_ids}, "
-              f"{result.stats.num_accepted}/{result.stats.num_drafted} accepted")
+        print(
+            f"\n{drafters}: identical tokens {result.token_ids == plain.token_ids}, "
+            f"{result.stats.num_accepted}/{result.stats.num_drafted} accepted"
+        )
