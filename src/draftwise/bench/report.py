@@ -24,8 +24,8 @@ HOW_MEASURED = (
     "steps. acceptance = accepted / drafted draft tokens and tokens/step = generated tokens / target forwards, both "
     "pooled over prompts. identical = greedy output token-for-token equal to baseline. Later turns of a "
     "conversation continue from the baseline's answers, so every method gets the same next task. mem overhead = "
-    "resident memory with the draft model loaded and used minus without it. Tokens/s over the output comes from the times "
-    "at which streamed text arrived."
+    "resident memory with the draft model loaded and used minus without it. Tokens/s over the output comes from the "
+    "times at which streamed text arrived."
 )
 # A run in which other processes took more than this share of the machine's CPU time is noisy.
 COMPETING_SHARE = 0.15
