@@ -3,8 +3,9 @@
 `fim_tokens(tokenizer)` finds the prefix/suffix/middle (and repo, file-separator, pad) tokens:
 from the tokenizer itself where it knows them (llama.cpp's vocabulary API, which also finds them
 by text when the GGUF has no `tokenizer.ggml.fim_*` metadata), else as single tokens spelling a
-known family's texts. `fim_prompt` lays out llama.cpp's `/infill` prompt (repo-level pattern,
-arXiv 2409.12186), e.g. for Qwen2.5-Coder with one extra file:
+known family's texts. `split_at` cuts a file at an editor's cursor. `fim_prompt` lays out
+llama.cpp's `/infill` prompt (repo-level pattern, arXiv 2409.12186), e.g. for Qwen2.5-Coder with
+one extra file:
 
     <|repo_name|>myproject\\n<|file_sep|>util.py\\n{text}<|file_sep|>filename\\n
     <|fim_prefix|>{prefix}{prompt}<|fim_suffix|>{suffix}<|fim_middle|>
@@ -93,6 +94,20 @@ class FimPrompt:
     num_prefix_dropped: int = 0  # tokens cut from the prefix's start (budget)
     num_suffix_dropped: int = 0  # tokens cut from the suffix's end
     num_extra_dropped: int = 0  # extra-context tokens cut from its start
+
+
+def split_at(text: str, line: int, column: int) -> tuple[str, str]:
+    """The text before and after a cursor at 1-based (line, column), column in characters, as
+    editors count them; column len(line) + 1 is the line's end. Raises ConfigError out of range.
+
+    Example: ("ab\\ncd\\n", 2, 2) -> ("ab\\nc", "d\\n")."""
+    lines = text.split("\n")  # a text ending in a newline has an empty last line: the cursor may sit there
+    if not 1 <= line <= len(lines):
+        raise ConfigError(f"line must be in 1..{len(lines)}, got {line}")
+    if not 1 <= column <= len(lines[line - 1]) + 1:
+        raise ConfigError(f"column must be in 1..{len(lines[line - 1]) + 1} on line {line}, got {column}")
+    at = sum(len(s) + 1 for s in lines[: line - 1]) + column - 1
+    return text[:at], text[at:]
 
 
 def fim_tokens(tokenizer: Tokenizer) -> FimTokens | None:

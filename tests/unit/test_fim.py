@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from draftwise.backends.toy import CharTokenizer
-from draftwise.fim import FimBudget, FimUnsupportedError, fim_prompt, fim_tokens, require_fim_tokens
+from draftwise.errors import ConfigError
+from draftwise.fim import FimBudget, FimUnsupportedError, fim_prompt, fim_tokens, require_fim_tokens, split_at
 from draftwise.server.infill import InfillRequest, _pick, indent_cut, infill_sampling
 
 
@@ -118,3 +119,17 @@ def test_unsupported_fields(fields, bad):
 
 def test_response_fields_pick_nested_values():
     assert _pick({"a": {"b": 1}, "c": 2}, ["a/b", "c", "d", "a/x"]) == {"a/b": 1, "c": 2}
+
+
+@pytest.mark.parametrize(
+    "line, column, before",
+    [(1, 1, ""), (1, 3, "ab"), (2, 2, "ab\nc"), (2, 3, "ab\ncd"), (3, 1, "ab\ncd\n")],
+)
+def test_split_at_cursor(line, column, before):
+    assert split_at("ab\ncd\n", line, column) == (before, "ab\ncd\n"[len(before) :])
+
+
+@pytest.mark.parametrize("line, column", [(0, 1), (4, 1), (1, 0), (1, 4), (3, 2)])
+def test_split_at_refuses_a_cursor_outside_the_text(line, column):
+    with pytest.raises(ConfigError, match="line" if line in (0, 4) else "column"):
+        split_at("ab\ncd\n", line, column)

@@ -1,16 +1,16 @@
-"""Command line: draftwise pull | generate | demo | calibrate | bench | bench-serve | replay | serve | index.
+"""Command line: draftwise pull | generate | complete | demo | calibrate | bench | bench-serve | replay | serve | index.
 
 A thin client of the public API, one module per command group: generate.py (generate, demo),
-serve.py (serve, also on Ray), bench.py (bench, bench-serve, replay), models.py (pull,
-calibrate, index); common.py holds what they share. Bad arguments end with a one-line
-message and a non-zero exit status, never a traceback.
+complete.py (fill in the middle at a cursor), serve.py (serve, also on Ray), bench.py (bench,
+bench-serve, replay), models.py (pull, calibrate, index); common.py holds what they share. Bad
+arguments end with a one-line message and a non-zero exit status, never a traceback.
 """
 
 from __future__ import annotations
 
 import click
 
-from draftwise.cli import bench, generate, models, serve
+from draftwise.cli import bench, complete, generate, models, serve
 
 __all__ = ["main"]
 
@@ -24,6 +24,7 @@ def main() -> None:
 for command in (
     models.pull,
     generate.generate,
+    complete.complete,
     generate.demo,
     serve.serve,
     bench.bench,
