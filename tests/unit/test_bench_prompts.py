@@ -146,3 +146,19 @@ def test_the_shipped_edit_and_schema_suites():
     assert len(edits) >= 10 and all(p.prediction_for(0) for p in edits)
     assert sum(len(p.turns) > 1 for p in edits) >= 2
     assert len(schemas) >= 10 and all(isinstance(p.json_schema, dict) for p in schemas)
+
+
+def test_fill_in_the_middle_prompts_take_a_suffix():
+    from draftwise.bench.prompts import parse_lines
+
+    line = '{"question_id": 1, "category": "fim", "turns": ["def f(x):\\n"], "suffix": "    return y\\n", '
+    (prompt,) = parse_lines([line + '"reference": "    y = x\\n"}'], "p.jsonl")
+    assert prompt.suffix == "    return y\n" and prompt.reference == "    y = x\n"
+    assert parse_lines([json.dumps(prompt.to_dict())], "p.jsonl") == [prompt]
+    for bad in (
+        '{"question_id": 1, "category": "fim", "turns": ["a", "b"], "suffix": "c"}',
+        '{"question_id": 1, "category": "fim", "turns": ["a"], "suffix": 3}',
+        '{"question_id": 1, "category": "fim", "turns": ["a"], "suffix": "c", "json_schema": {"type": "object"}}',
+    ):
+        with pytest.raises(PromptFileError, match="p.jsonl:1: 'suffix'"):
+            parse_lines([bad], "p.jsonl")

@@ -342,3 +342,35 @@ def test_prompts_with_a_json_schema_are_constrained_for_every_method_but_unconst
     assert structured["baseline"]["speedup_vs_unconstrained"] > 0
     chat = [r for r in records if r["question_id"] == 22]
     assert not any(r["constrained"] or "json_valid" in r for r in chat)
+
+
+def test_fill_in_the_middle_prompts_run_as_infill_and_score_the_middle(tmp_path):
+    from draftwise.bench.fim import fim_ids
+    from draftwise.bench.report import render_markdown
+    from draftwise.types import SamplingParams, SpeculationConfig
+
+    target = ToyBackend(ToyModel(vocab_size=100, sharpness=3))
+    target.tokenizer.fim_token_ids = lambda: {"prefix": 97, "suffix": 98, "middle": 99}
+    engine = Engine(target, [NgramDrafter(1, 3)])
+    cut = Prompt(31, "fim", ("def f(x):\n    y = x + 1\n",), suffix="    return y\n")
+    ids = fim_ids(engine.tokenizer, cut)
+    plain = engine.generate(
+        prompt_ids=ids, sampling=SamplingParams(max_tokens=40), speculation=SpeculationConfig(enabled=False)
+    )
+    prompts = [
+        dataclasses.replace(cut, reference=plain.text),
+        dataclasses.replace(cut, question_id=32, reference="    z = 0\n"),
+        Prompt(33, "chat", ("hi",)),
+    ]
+    results = run(engine, tmp_path, methods=("baseline", "ngram"), prompts=prompts)
+    by_key = {(r["question_id"], r["method"]): r for r in results["records"]}
+    for method in ("baseline", "ngram"):
+        right, wrong = by_key[(31, method)], by_key[(32, method)]
+        assert right["num_prompt_tokens"] == len(ids) and right["text"] == plain.text  # the /infill prompt
+        assert right["exact_match"] is True and right["edit_similarity"] == 1.0
+        assert wrong["exact_match"] is False and wrong["edit_similarity"] < 1.0
+        assert right["speedup"] is not None and "exact_match" not in by_key[(33, method)]
+    assert by_key[(31, "ngram")]["identical_to_baseline"]
+    report = render_markdown(results)
+    assert "## Code completion (fill in the middle)" in report
+    assert "| 0 | ngram k=4 | 2 | 50% |" in report

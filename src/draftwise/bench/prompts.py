@@ -1,10 +1,11 @@
 """Benchmark prompts: Spec-Bench JSONL files, the shipped suites, and context padding.
 
 A prompt file holds one JSON object a line: {"question_id": int, "category": str,
-"turns": [str, ...], "reference"?: ..., "json_schema"?: {...}, "prediction"?: str | [str | null, ...]};
-a JSON schema constrains every turn's answer, for every method; a prediction (one string for
-the first turn, or one entry per turn) is the expected answer, which the prediction drafter
-drafts from. Any problem is reported as `FILE:LINE: why`.
+"turns": [str, ...], "reference"?: ..., "json_schema"?: {...}, "prediction"?: str | [str | null, ...],
+"suffix"?: str}; a JSON schema constrains every turn's answer, for every method; a prediction (one
+string for the first turn, or one entry per turn) is the expected answer, which the prediction
+drafter drafts from; a suffix makes a fill-in-the-middle prompt (one turn: the text before the
+gap; reference: the text removed). Any problem is reported as `FILE:LINE: why`.
 Suites ship in suites/<category>.jsonl; `full` is all of them, `quick` two per category.
 """
 
@@ -30,6 +31,7 @@ CATEGORIES = (
     "summarization",
     "rag",
     "math",
+    "fim",
 )
 QUICK_PER_CATEGORY = 2
 SUITES = ("quick", "full")
@@ -47,6 +49,7 @@ class Prompt:
     reference: Any = field(default=None, hash=False)
     json_schema: Any = field(default=None, hash=False)  # every answer must follow this JSON schema, if set
     prediction: tuple[str | None, ...] = ()  # per turn: the expected answer (predicted outputs), or None
+    suffix: str | None = None  # fill in the middle: the text after the gap (turns[0] is the text before)
 
     def prediction_for(self, turn: int) -> str | None:
         return self.prediction[turn] if turn < len(self.prediction) else None
@@ -59,6 +62,8 @@ class Prompt:
             out["json_schema"] = self.json_schema
         if any(p is not None for p in self.prediction):
             out["prediction"] = list(self.prediction)
+        if self.suffix is not None:
+            out["suffix"] = self.suffix
         return out
 
 
@@ -104,7 +109,12 @@ def parse_prompt(obj: Any) -> Prompt:
                 f"'prediction' must be a string or a list of strings or nulls, one per turn (at most "
                 f"{len(turns)}), got {prediction!r:.80}"
             )
-    return Prompt(qid, category.strip(), tuple(turns), obj.get("reference"), schema, tuple(prediction or ()))
+    suffix = obj.get("suffix")
+    if suffix is not None and (not isinstance(suffix, str) or len(turns) != 1 or schema is not None):
+        raise ValueError(
+            f"'suffix' (fill in the middle) must be a string, with one turn and no json_schema, got {suffix!r:.80}"
+        )
+    return Prompt(qid, category.strip(), tuple(turns), obj.get("reference"), schema, tuple(prediction or ()), suffix)
 
 
 def parse_lines(lines: Iterable[str], source: str) -> list[Prompt]:
@@ -232,6 +242,7 @@ def pad_prompt(
         prompt.reference,
         prompt.json_schema,
         prompt.prediction,
+        prompt.suffix,
     )
 
 

@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from draftwise.backends.base import common_prefix_length, encode_chat
+from draftwise.bench.fim import fim_ids
 from draftwise.bench.prompts import Prompt
 from draftwise.calibrate import CostCurve
 from draftwise.drafters.base import Drafter
@@ -121,7 +122,7 @@ def replay(
             if answer is None:
                 break
             messages = [*history, {"role": "user", "content": text}]
-            prompt_ids = encode_chat(tokenizer, messages)
+            prompt_ids = fim_ids(tokenizer, prompt) if prompt.suffix is not None else encode_chat(tokenizer, messages)
             answer_ids = tokenizer.encode(answer, add_special=False)
             history = [*messages, {"role": "assistant", "content": answer}]
             predicted = prompt.prediction_for(turn)

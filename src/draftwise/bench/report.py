@@ -288,6 +288,33 @@ def render_markdown(results: dict, plots: Sequence[str] = ()) -> str:
             ),
             "",
         ]
+    completion = fim_rows(records)
+    if completion:
+        out += [
+            "## Code completion (fill in the middle)",
+            "",
+            "Prompts with a suffix, built as /infill builds them. exact = the middle equals the removed text "
+            "(trailing whitespace ignored); edit sim. = 1 - Levenshtein distance / longer length, mean; prompt ms "
+            "cold = the first read of the prompt, warm = with it cached (as measured); generation ms = decode time; "
+            "speedup = generation tok/s over plain decoding.",
+            "",
+            markdown_table(
+                (
+                    "T",
+                    "method",
+                    "n",
+                    "exact",
+                    "edit sim.",
+                    "prompt ms cold",
+                    "prompt ms warm",
+                    "generation ms",
+                    "speedup",
+                    "identical",
+                ),
+                completion,
+            ),
+            "",
+        ]
     contexts = sorted({r.get("context_tokens") for r in records if r.get("context_tokens")})
     if len(contexts) > 1:
         out += [
@@ -380,6 +407,35 @@ def structured_rows(records: Sequence[dict]) -> list[tuple]:
                     f"{forced / generated:.0%}" if generated else "-",
                     _format(a)[5],
                     _format(a)[6],
+                )
+            )
+    return rows
+
+
+def fim_rows(records: Sequence[dict]) -> list[tuple]:
+    """Per temperature x variant over fill-in-the-middle records: n, exact match, mean edit
+    similarity, mean prompt ms cold (the warm-up's first read) and warm (cached, as measured),
+    mean generation ms, geometric-mean speedup, answers identical to plain decoding's."""
+    rows = []
+    scored = [r for r in records if "exact_match" in r and not r.get("error")]
+    for temperature in sorted({float(r["temperature"]) for r in scored}):
+        group = [r for r in scored if float(r["temperature"]) == temperature]
+        for variant in _variant_order(group):
+            rs = [r for r in group if variant_label(r) == variant]
+            cold = [r["cold_prefill_ms"] for r in rs if r.get("cold_prefill_ms") is not None]
+            same = [r["identical_to_baseline"] for r in rs if r.get("identical_to_baseline") is not None]
+            rows.append(
+                (
+                    f"{temperature:g}",
+                    variant,
+                    len(rs),
+                    f"{sum(r['exact_match'] for r in rs) / len(rs):.0%}",
+                    f"{sum(r['edit_similarity'] for r in rs) / len(rs):.3f}",
+                    f"{sum(cold) / len(cold):.0f}" if cold else "-",
+                    f"{sum(r['prefill_ms'] for r in rs) / len(rs):.0f}",
+                    f"{sum(r['decode_ms'] for r in rs) / len(rs):.0f}",
+                    _format(aggregate(rs))[2],
+                    f"{sum(same)}/{len(same)}" if same else "-",
                 )
             )
     return rows

@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
+from draftwise.bench.fim import fim_ids, quality
 from draftwise.bench.methods import MethodSpec, parse_methods
 from draftwise.bench.prompts import Prompt, filler_for, pad_prompt
 from draftwise.bench.timing import CompetingLoad, WindowClock, current_rss_mb, peak_rss_mb
@@ -310,6 +311,7 @@ class BenchRunner:
         one's prefill is the prompt's cold prefill cost, a model drafter's draft_ms its own.
         """
         messages = [{"role": "user", "content": prompt.turns[0]}]
+        ids = self._fim_ids(prompt)
         sampling = SamplingParams(max_tokens=min(WARMUP_TOKENS, self.config.max_tokens), ignore_eos=True)
         needed = sorted({d for v in self.variants for d in v.method.drafters})
         out: dict[str, dict] = {}
@@ -322,7 +324,11 @@ class BenchRunner:
                 self.progress.update(f"q{prompt.question_id} {prompt.category} · warm-up {name or 'plain'}")
             try:
                 result = self.engine.generate(
-                    messages=messages, sampling=sampling, speculation=spec, drafters=[name] if name else None
+                    messages=None if ids else messages,
+                    prompt_ids=ids,
+                    sampling=sampling,
+                    speculation=spec,
+                    drafters=[name] if name else None,
                 )
             except Exception:  # the measured runs will record the failure
                 continue
@@ -336,6 +342,10 @@ class BenchRunner:
             # share of RSS shows after its first use; measured once, on the first prompt.
             self.memory["draft_runtime_overhead_mb"] = round(max(0.0, current_rss_mb() - rss_before), 1)
         return out
+
+    def _fim_ids(self, prompt: Prompt) -> list[int] | None:
+        """A fill-in-the-middle prompt's ids (the prompt /infill builds); None for a chat prompt."""
+        return None if prompt.suffix is None else fim_ids(self.engine.tokenizer, prompt)
 
     def _history_snapshot(self) -> dict:
         return {name: d.snapshot() for name, d in self.drafter_objects.items() if hasattr(d, "snapshot")}
@@ -373,6 +383,7 @@ class BenchRunner:
             key=lambda vi: (self.variants[vi].method.enabled, not self.variants[vi].method.constrained),
         )
         schema = original.json_schema
+        ids = self._fim_ids(prompt)
         for _ in range(cfg.repeats):
             reference: dict[int, str] = {}  # turn -> the baseline's answer in this repeat
             for vi in order:
@@ -389,7 +400,11 @@ class BenchRunner:
                         )
                     messages = [*history, {"role": "user", "content": text}]
                     run = self._measure(
-                        messages, _constrained(sampling, schema, variant), variant, original.prediction_for(turn)
+                        None if ids else messages,
+                        _constrained(sampling, schema, variant),
+                        variant,
+                        original.prediction_for(turn),
+                        prompt_ids=ids,
                     )
                     runs.setdefault((vi, turn), []).append(run)
                     if self.progress:
@@ -443,6 +458,8 @@ class BenchRunner:
                 record.update(best)
                 if schema is not None:
                     record.update(_validity(record["text"], schema))
+                if original.suffix is not None and isinstance(original.reference, str):
+                    record.update(quality(record["text"], original.reference))
             records.append(record)
         _compare_with_baseline(records, greedy=temperature == 0.0)
         for r in records:
@@ -450,12 +467,18 @@ class BenchRunner:
         return records
 
     def _measure(
-        self, messages: list[dict], sampling: SamplingParams, variant: Variant, prediction: str | None = None
+        self,
+        messages: list[dict] | None,
+        sampling: SamplingParams,
+        variant: Variant,
+        prediction: str | None = None,
+        prompt_ids: list[int] | None = None,
     ) -> dict:
         engine = self.engine
         try:
             gen = engine.stream(
                 messages=messages,
+                prompt_ids=prompt_ids,
                 sampling=sampling,
                 speculation=variant.speculation(),
                 drafters=list(variant.method.drafters) or None,
