@@ -11,6 +11,7 @@ A lazy constraint (tool calls) is a LazyGrammar: free text until a trigger, a Gr
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 import weakref
@@ -98,7 +99,12 @@ def compile_constraint(constraint: Constraint, backend) -> Grammar | LazyGrammar
             inner = compile_constraint(Constraint(constraint.kind, constraint.source), backend)
             inner.check_start()
         eos = inner.eos_token_ids if inner is not None else llguidance_tokenizer(backend).eos_tokens
-        return LazyGrammar(trigger_ids, inner, backend.vocab_size, eos_token_ids=eos)
+        pattern = None
+        if constraint.pattern:
+            start = compile_constraint(Constraint.grammar(constraint.pattern_source), backend)
+            start.check_start()
+            pattern = PatternTrigger(re.compile(constraint.pattern), start, backend.tokenizer)
+        return LazyGrammar(trigger_ids, inner, backend.vocab_size, eos_token_ids=eos, pattern=pattern)
     grammar = grammar_definition(constraint)
     tokenizer = llguidance_tokenizer(backend)
     matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
@@ -226,6 +232,50 @@ class Grammar:
         return [int(t) for t in self._matcher.compute_ff_tokens()[:limit]]
 
 
+class PatternTrigger:
+    """A textual trigger: a regex searched in the free text (the last WINDOW characters), and the
+    grammar that holds from its match's start, the match included (llama.cpp's pattern triggers).
+
+    It fires at the token whose text completes a match; the grammar is then fed the text from the
+    match's start to the end of that token (its canonical tokens: the grammar reads bytes, not how
+    they were split), so a match that ends inside a token still starts the grammar there. A match
+    whose text the grammar refuses does not fire (the answer stays free text).
+    """
+
+    WINDOW = 512  # characters: longer than any match (the pattern bounds its whitespace)
+
+    def __init__(self, regex: re.Pattern, start: Grammar, tokenizer) -> None:
+        self.regex, self._start, self._tokenizer = regex, start, tokenizer
+        self._texts: dict[int, str] = {}
+
+    def text_of(self, token: int) -> str:
+        text = self._texts.get(token)
+        if text is None:
+            text = self._texts[token] = self._tokenizer.decode([token])
+        return text
+
+    def step(self, text: str, token: int) -> tuple[Grammar | None, str]:
+        """(the grammar at the end of token if it fires there, else None; the text window after it)."""
+        text = (text + self.text_of(token))[-self.WINDOW :]
+        match = self.regex.search(text)
+        if match is None:
+            return None, text
+        ids = self._tokenizer.encode(text[match.start() :], add_special=False, parse_special=False)
+        if self._start.valid_prefix(ids) != len(ids):
+            return None, text[match.end() :]  # not a call: the text goes on free, this match spent
+        grammar = self._start.fork()
+        grammar.consume(ids)
+        return grammar, ""
+
+    @property
+    def num_masks(self) -> int:
+        return self._start.num_masks
+
+    @property
+    def mask_ms(self) -> float:
+        return self._start.mask_ms
+
+
 class LazyGrammar:
     """Free text until the trigger tokens, then `inner` from the token after them to the end
     (llama.cpp's lazy grammars; the trigger here is a token sequence, the canonical tokens of
@@ -236,6 +286,8 @@ class LazyGrammar:
     a draft window that crosses the trigger gets free rows up to the trigger's last token and
     the inner grammar's rows after it (the bonus row included): masks() walks the draft.
     Example (trigger "#", inner "(" [a-c]+ ")"): rows for draft "x#(" are free, free, "(" only, [a-c].
+    pattern: a second, textual trigger (PatternTrigger) with its own grammar; the state while
+    free is then also the recent text, and a row is still a function of the tokens before it.
     """
 
     def __init__(
@@ -247,8 +299,12 @@ class LazyGrammar:
         eos_token_ids: Sequence[int] = (),
         tail: tuple[int, ...] = (),
         active: Grammar | None = None,
+        pattern: PatternTrigger | None = None,
+        text: str = "",
     ) -> None:
         self.trigger = tuple(int(t) for t in trigger_ids)
+        self._pattern = pattern  # shared by forks (it keeps no state of the answer)
+        self._text = text  # the recent free text, while there is a pattern and not triggered
         self._start = inner  # at its start state; never consumes (forked when the trigger fires)
         self._active = active  # the inner grammar once triggered, at the committed tokens
         self._tail = tail  # the last len(trigger) - 1 committed tokens while not triggered
@@ -269,6 +325,8 @@ class LazyGrammar:
             eos_token_ids=self.eos_token_ids,
             tail=self._tail,
             active=self._active.fork() if self._active is not None else None,
+            pattern=self._pattern,
+            text=self._text,
         )
 
     def _fires(self, tail: tuple[int, ...], token: int) -> tuple[bool, tuple[int, ...]]:
@@ -276,6 +334,18 @@ class LazyGrammar:
         seen = (*tail, int(token))
         n = len(self.trigger)
         return seen[-n:] == self.trigger, seen[max(0, len(seen) - (n - 1)) :] if n > 1 else ()
+
+    def _step(self, tail: tuple[int, ...], text: str, token: int) -> tuple[Grammar | None, tuple[int, ...], str]:
+        """From the free state (tail, text), token: (the grammar that holds after it if a trigger
+        fires there, else None; the free state after it). The token trigger's grammar is the
+        shared start state (fork it before consuming); a forbidden trigger fires with None."""
+        fired, tail = self._fires(tail, token)
+        if fired:
+            return self._start, (), ""
+        if self._pattern is None:
+            return None, tail, text
+        grammar, text = self._pattern.step(text, token)
+        return grammar, tail, text
 
     def _free_row(self, tail: tuple[int, ...]) -> np.ndarray:
         if self._free is None:
@@ -293,11 +363,11 @@ class LazyGrammar:
 
     @property
     def num_masks(self) -> int:
-        return sum(g.num_masks for g in (self._start, self._active) if g is not None)
+        return sum(g.num_masks for g in (self._start, self._active, self._pattern) if g is not None)
 
     @property
     def mask_ms(self) -> float:
-        return sum(g.mask_ms for g in (self._start, self._active) if g is not None)
+        return sum(g.mask_ms for g in (self._start, self._active, self._pattern) if g is not None)
 
     def allowed(self) -> np.ndarray:
         return self._active.allowed() if self._active is not None else self._free_row(self._tail)
@@ -306,25 +376,25 @@ class LazyGrammar:
         """allowed [len(draft_ids) + 1, V] at each verified row (see the class docstring)."""
         if self._active is not None:
             return self._active.masks(draft_ids)
-        rows, tail = [self._free_row(self._tail)], self._tail
+        rows, tail, text = [self._free_row(self._tail)], self._tail, self._text
         for i, token in enumerate(draft_ids):
-            fired, tail = self._fires(tail, token)
-            if fired:  # the rest of the window (and the bonus row) is the inner grammar's
-                assert self._start is not None, "a forbidden trigger in a draft (valid_prefix cuts it)"
-                return np.concatenate([np.stack(rows), self._start.masks(draft_ids[i + 1 :])])
+            grammar, tail, text = self._step(tail, text, token)
+            if grammar is not None:  # the rest of the window (and the bonus row) is the grammar's
+                return np.concatenate([np.stack(rows), grammar.masks(draft_ids[i + 1 :])])
             rows.append(self._free_row(tail))
         return np.stack(rows)
 
     def valid_prefix(self, token_ids: Sequence[int]) -> int:
         if self._active is not None:
             return self._active.valid_prefix(token_ids)
-        tail = self._tail
+        tail, text = self._tail, self._text
         for i, token in enumerate(token_ids):
-            fired, tail = self._fires(tail, token)
-            if fired:
-                if self._start is None:
-                    return i
-                return i + 1 + self._start.valid_prefix(token_ids[i + 1 :])
+            fired = self._fires(tail, token)[0]
+            if fired and self._start is None:
+                return i
+            grammar, tail, text = self._step(tail, text, token)
+            if grammar is not None:
+                return i + 1 + grammar.valid_prefix(token_ids[i + 1 :])
         return len(token_ids)
 
     def consume(self, token_ids: Sequence[int]) -> None:
@@ -332,11 +402,11 @@ class LazyGrammar:
             if self._active is not None:
                 self._active.consume(token_ids[i:])
                 return
-            fired, self._tail = self._fires(self._tail, token)
-            if fired:
-                if self._start is None:
-                    raise ConstraintError(f"token {token} completes the forbidden trigger")
-                self._active, self._tail = self._start.fork(), ()
+            if self._start is None and self._fires(self._tail, token)[0]:
+                raise ConstraintError(f"token {token} completes the forbidden trigger")
+            grammar, self._tail, self._text = self._step(self._tail, self._text, token)
+            if grammar is not None:
+                self._active, self._tail, self._text = grammar.fork(), (), ""
 
     def forced(self, limit: int) -> list[int]:
         return self._active.forced(limit) if self._active is not None else []

@@ -9,6 +9,7 @@ Every config validates itself when built.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +35,9 @@ class Constraint:
     trigger (lazy constraints, as for tool calls): the answer is free text until the trigger's
     tokens appear, and the constraint holds from the token after them to the end. Kind "text"
     with a trigger is free text in which the trigger never appears (tool_choice "none").
+    pattern (with a trigger): a second, textual trigger, a regex searched in the answer's text;
+    from its match on, pattern_source (a Lark grammar of the text from the match's start, the
+    match included) holds to the end. Qwen2.5-Coder writes its calls as ```json blocks.
 
     Example: Constraint.json_schema({"type": "object", "properties": {"a": {"type": "integer"}}}).
     Example: Constraint.lazy(Constraint.grammar('start: "(" /[a-c]+/ ")"'), "#") allows
@@ -43,12 +47,21 @@ class Constraint:
     kind: str
     source: str = ""
     trigger: str = ""
+    pattern: str = ""
+    pattern_source: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in CONSTRAINT_KINDS:
             raise ConfigError(f"constraint kind must be one of {', '.join(CONSTRAINT_KINDS)}, got {self.kind!r}")
         if self.kind == "text" and not self.trigger:
             raise ConfigError("a text constraint needs a trigger (the text it never holds)")
+        if bool(self.pattern) != bool(self.pattern_source) or (self.pattern and not self.trigger):
+            raise ConfigError("a pattern trigger needs its grammar (pattern_source) and a lazy constraint")
+        if self.pattern:
+            try:
+                re.compile(self.pattern)
+            except re.error as exc:
+                raise ConstraintError(f"invalid trigger pattern: {exc}") from None
         if self.kind not in ("json_object", "text") and not self.source.strip():
             raise ConstraintError(f"the {self.kind.replace('_', ' ')} is empty")
         if self.kind == "json_schema":
@@ -76,11 +89,17 @@ class Constraint:
         return cls("grammar", text)
 
     @classmethod
-    def lazy(cls, constraint: Constraint, trigger: str) -> Constraint:
-        """constraint, holding only after trigger (free text before it)."""
+    def lazy(
+        cls, constraint: Constraint, trigger: str, *, pattern: str = "", from_pattern: Constraint | None = None
+    ) -> Constraint:
+        """constraint, holding only after trigger (free text before it); or, from a match of the
+        regex pattern on, from_pattern (a grammar that reads the match itself)."""
         if not trigger:
             raise ConfigError("a lazy constraint needs a non-empty trigger")
-        return cls(constraint.kind, constraint.source, trigger)
+        if (from_pattern is not None) and from_pattern.kind != "grammar":
+            raise ConfigError("a pattern trigger's constraint must be a grammar")
+        source = from_pattern.source if from_pattern is not None else ""
+        return cls(constraint.kind, constraint.source, trigger, pattern, source)
 
     @classmethod
     def without(cls, trigger: str) -> Constraint:

@@ -249,3 +249,57 @@ def test_default_target_calls_a_tool_with_speculation_as_without(engine):
             f"\n{drafters}: identical tokens {result.token_ids == plain.token_ids}, "
             f"{result.stats.num_accepted}/{result.stats.num_drafted} accepted"
         )
+
+
+def test_default_target_calls_a_tool_under_auto_with_speculation_as_without(engine):
+    """Under tool_choice auto Qwen2.5-Coder 1.5B writes its call as a ```json block, not
+    <tool_call>: the lazy grammar's pattern trigger takes the block from its name on, so the answer
+    is a call of the tool with valid arguments, and speculation (n-gram, the draft model) makes
+    the same call."""
+    import json
+
+    from draftwise.tools import ToolChoice, parse_tools, tool_plan
+
+    tools = parse_tools(
+        [
+            {
+                "type": "function",
+                "function": {
+                    "name": "read_file",
+                    "description": "Read a file of the repository.",
+                    "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+                },
+            },
+            {
+                "type": "function",
+                "function": {
+                    "name": "get_weather",
+                    "description": "The current weather in a city.",
+                    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+                },
+            },
+        ]
+    )
+    plan = tool_plan(engine.tokenizer, tools, ToolChoice("auto"))
+    prompt_ids = engine.encode_prompt(
+        messages=[{"role": "user", "content": "Show me what is in src/app/config.py."}],
+        tools=[t.as_openai() for t in tools],
+    )
+    sampling = SamplingParams(max_tokens=60, constraint=plan.constraint)
+    plain = engine.generate(prompt_ids=prompt_ids, sampling=sampling, speculation=SpeculationConfig(enabled=False))
+    parsed = plan.parse(plain.text)
+    [call] = parsed.calls
+    assert call.name == "read_file" and json.loads(call.arguments) == {"path": "src/app/config.py"}, plain.text
+    assert parsed.content is None and plain.finish_reason == "stop"
+    for drafters in (["ngram"], ["draft"]):
+        result = engine.generate(
+            prompt_ids=prompt_ids,
+            sampling=sampling,
+            drafters=drafters,
+            speculation=SpeculationConfig(policy="fixed", max_draft_tokens=8),
+        )
+        assert [(c.name, c.arguments) for c in plan.parse(result.text).calls] == [(call.name, call.arguments)]
+        print(
+            f"\n{drafters}: identical tokens {result.token_ids == plain.token_ids}, "
+            f"{result.stats.num_accepted}/{result.stats.num_drafted} accepted, {result.stats.num_forced_tokens} forced"
+        )

@@ -35,6 +35,8 @@ SCRIPTS = {
     "call": "Let me look.\n" + CALL,
     "answer": "It is sunny in Paris.",
     "two": CALL + '\n<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>',
+    # a call written as a JSON object (as Qwen2.5-Coder writes them in ```json blocks; the toy has no `)
+    "block": 'Sure: {"name": "get_weather", "arguments": {"city": "Paris"}}',
 }
 TOOLS = [
     {
@@ -155,6 +157,22 @@ def test_auto_streamed_deltas_assemble_into_the_same_call(tool_server):
     assert [(c["name"], c["arguments"]) for c in calls] == [
         (c.function.name, c.function.arguments) for c in whole.tool_calls
     ]
+
+
+@pytest.mark.parametrize("speculate", [False, True])
+def test_auto_reads_a_call_written_as_a_json_object(tool_server, speculate):
+    reply = ask(tool_server, "block", extra_body={"speculation": {"enabled": speculate}}).choices[0]
+    assert reply.finish_reason == "tool_calls" and reply.message.content == "Sure:"
+    [call] = reply.message.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+    content, calls, finish = assembled(ask(tool_server, "block", stream=True))
+    assert (content, [(c["name"], c["arguments"]) for c in calls], finish) == (
+        "Sure:",
+        [(call.function.name, call.function.arguments)],
+        "tool_calls",
+    )
+    none = ask(tool_server, "block", tool_choice="none").choices[0]  # not a call: text, as written
+    assert not none.message.tool_calls and none.message.content == SCRIPTS["block"]
 
 
 def test_parallel_calls_and_parallel_false(tool_server):

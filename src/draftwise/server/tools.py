@@ -23,7 +23,7 @@ class ChatTools:
     parsers: dict[int, JsonCallsParser] = field(default_factory=dict)
 
     def parse(self, text: str) -> Parsed:
-        return self.plan.format.parse(text)
+        return self.plan.parse(text)
 
     def feed(self, index: int, text: str) -> list[StreamEvent]:
         return self._parser(index).feed(text)
@@ -35,7 +35,7 @@ class ChatTools:
 
     def _parser(self, index: int) -> JsonCallsParser:
         if index not in self.parsers:
-            self.parsers[index] = self.plan.format.parser()
+            self.parsers[index] = self.plan.parser()
         return self.parsers[index]
 
 

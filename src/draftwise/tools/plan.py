@@ -1,6 +1,7 @@
 """A tool request as the engine decodes it: the model's format, and the Constraint for its
 tool_choice (none: text without the trigger; auto: lazy, free text until the trigger, then the
-calls; required / named: the calls from the first token)."""
+calls, or for a format that takes them, until a JSON block that calls a tool; required / named:
+the calls from the first token)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from draftwise.constraints import Constraint
-from draftwise.tools.formats import ToolFormat, format_for
-from draftwise.tools.formats.base import lark_literal
+from draftwise.tools.formats import ToolFormat, format_for, json_block
+from draftwise.tools.formats.base import JsonCallsParser, Parsed, lark_literal
+from draftwise.tools.formats.json_block import BlockCalls
 from draftwise.tools.spec import Tool, ToolChoice, ToolSpecError
 
 
@@ -19,6 +21,14 @@ class ToolPlan:
     tools: tuple[Tool, ...]
     choice: ToolChoice
     constraint: Constraint
+    blocks: BlockCalls | None = None  # calls may come as JSON blocks (auto, a format that takes them)
+
+    def parse(self, text: str) -> Parsed:
+        """The answer's content and calls, read as this plan's constraint allows them."""
+        return self.format.parse(text, self.blocks)
+
+    def parser(self) -> JsonCallsParser:
+        return self.format.parser(self.blocks)
 
 
 def tool_plan(tokenizer, tools: Sequence[Tool], choice: ToolChoice, parallel: bool = True) -> ToolPlan:
@@ -43,4 +53,10 @@ def tool_plan(tokenizer, tools: Sequence[Tool], choice: ToolChoice, parallel: bo
     else:
         grammar = Constraint.grammar(fmt.grammar(tools, choice, parallel, tag, lazy=choice.mode == "auto"))
         constraint = Constraint.lazy(grammar, fmt.trigger) if choice.mode == "auto" else grammar
-    return ToolPlan(fmt, tuple(tools), choice, constraint)
+    blocks = None
+    if choice.mode == "auto" and fmt.json_blocks:
+        names = [t.name for t in tools]
+        blocks = BlockCalls(names)
+        from_block = Constraint.grammar(json_block.grammar(tools, choice, parallel))
+        constraint = Constraint.lazy(grammar, fmt.trigger, pattern=json_block.pattern(names), from_pattern=from_block)
+    return ToolPlan(fmt, tuple(tools), choice, constraint, blocks)

@@ -13,8 +13,12 @@ import re
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from draftwise.tools.spec import Tool, ToolChoice
+
+if TYPE_CHECKING:
+    from draftwise.tools.formats.json_block import BlockCalls
 
 # JSON in calls is written with json.dumps' separators and no other whitespace (constraints.py
 # JSON_OVERRIDES, for the same reason): chat templates render past calls with tojson, which
@@ -86,6 +90,7 @@ class ToolFormat:
 
     name: str = ""
     trigger: str = ""
+    json_blocks: bool = False  # under auto, calls written as ```json blocks count too (json_block.py)
 
     def matches(self, template: str) -> bool:
         """Whether a chat template is this format's (it renders tools and calls this way)."""
@@ -98,12 +103,13 @@ class ToolFormat:
         tag(text) is the Lark for a fixed text (a single token where the vocabulary has one)."""
         raise NotImplementedError
 
-    def parser(self) -> JsonCallsParser:
+    def parser(self, blocks: BlockCalls | None = None) -> JsonCallsParser:
         raise NotImplementedError
 
-    def parse(self, text: str) -> Parsed:
-        """A whole answer; if a call does not parse (cut short), the whole text is content."""
-        parser = self.parser()
+    def parse(self, text: str, blocks: BlockCalls | None = None) -> Parsed:
+        """A whole answer; if a call does not parse (cut short), the whole text is content.
+        blocks: also read calls written as JSON blocks (ToolPlan.parse passes them under auto)."""
+        parser = self.parser(blocks)
         parser.feed(text)
         parser.finish()
         if parser.broken or not parser.calls:
@@ -142,8 +148,8 @@ class JsonCallsFormat(ToolFormat):
             lines.append(f"args_{i}: %json {json.dumps(schema_for(tool), ensure_ascii=False)}")
         return "\n".join(lines) + "\n"
 
-    def parser(self) -> JsonCallsParser:
-        return JsonCallsParser(self)
+    def parser(self, blocks: BlockCalls | None = None) -> JsonCallsParser:
+        return JsonCallsParser(self, blocks)
 
 
 def _tagged(text: str, tag: Callable[[str], str]) -> str:
@@ -160,10 +166,14 @@ _CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"argume
 class JsonCallsParser:
     """Reads an answer piece by piece into content deltas and call deltas (a call's id and name
     once its name is complete, then its arguments as they arrive). Content that could be the
-    start of the trigger, and whitespace before it, is held back until it is known not to be."""
+    start of the trigger, and whitespace before it, is held back until it is known not to be.
+    blocks: calls may also come as JSON blocks (json_block.py), and text that could begin one is
+    held back too."""
 
-    def __init__(self, fmt: JsonCallsFormat) -> None:
+    def __init__(self, fmt: JsonCallsFormat, blocks: BlockCalls | None = None) -> None:
         self.fmt = fmt
+        self._blocks = blocks
+        self._closer = re.compile(r"\s*" + re.escape("}" + fmt.closer))  # of the current call
         self._buf = ""
         self._mode = "text"  # text -> head -> args -> close -> between -> head ...
         self.content = ""
@@ -196,12 +206,22 @@ class JsonCallsParser:
     def _text(self) -> StreamEvent | None:
         buf, trigger = self._buf, self.fmt.trigger
         at = buf.find(trigger)
+        block = self._blocks.regex.search(buf) if self._blocks is not None else None
+        if block is not None and (at < 0 or block.start() < at):
+            before = buf[: block.start()].rstrip()
+            self._start_block(buf[block.start() :])
+            self.content += before
+            return StreamEvent(content=before)
         if at >= 0:
             before = buf[:at].rstrip()
             self._buf, self._mode = buf[at + len(trigger) :], "head"
+            self._closer = re.compile(r"\s*" + re.escape("}" + self.fmt.closer))
             self.content += before
             return StreamEvent(content=before)
         hold = next((n for n in range(min(len(trigger) - 1, len(buf)), 0, -1) if trigger.startswith(buf[-n:])), 0)
+        if self._blocks is not None:
+            starts = (i for i in range(max(0, len(buf) - 256), len(buf)) if buf[i] in "`{")
+            hold = max(hold, next((len(buf) - i for i in starts if self._blocks.could_start(buf[i:])), 0))
         emit = buf[: len(buf) - hold].rstrip()
         if not emit:
             return None
@@ -247,12 +267,17 @@ class JsonCallsParser:
             self._mode = "close"
         return StreamEvent(index=len(self.calls), arguments=piece)
 
+    def _start_block(self, text: str) -> None:
+        """Read a JSON-block call from its start (the fence, if any, and the object)."""
+        fence = self._blocks.fence.match(text)
+        self._closer = re.compile(r"\s*\}\s*```" if fence else r"\s*\}")
+        self._buf, self._mode = text[fence.end() :] if fence else text, "head"
+
     def _close(self) -> StreamEvent | None:
-        closer = "}" + self.fmt.closer
-        stripped = self._buf.lstrip()
-        if not stripped.startswith(closer):
+        closed = self._closer.match(self._buf)
+        if closed is None:
             return None
-        self._buf = stripped[len(closer) :]
+        self._buf = self._buf[closed.end() :]
         self.calls.append(ToolCall(**self._current))
         self._current, self._mode = None, "between"
         return StreamEvent()
@@ -261,7 +286,13 @@ class JsonCallsParser:
         stripped = self._buf.lstrip()
         if stripped.startswith(self.fmt.trigger):
             self._buf, self._mode = stripped[len(self.fmt.trigger) :], "head"
+            self._closer = re.compile(r"\s*" + re.escape("}" + self.fmt.closer))
             return StreamEvent()
+        if self._blocks is not None and self._blocks.regex.match(stripped):
+            self._start_block(stripped)
+            return StreamEvent()
+        if self._blocks is not None and self._blocks.could_start(stripped):
+            return None
         if stripped and not self.fmt.trigger.startswith(stripped):
             self._buf = ""  # text after the calls (no grammar allows it) is not part of the message
         return None

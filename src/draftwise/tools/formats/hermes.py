@@ -6,7 +6,8 @@ answers each call as
     </tool_call>
 
 (several calls one after another, a newline between them). Qwen2.5's "<tool_call>" and
-"</tool_call>" are single tokens; the trigger of the lazy grammar is the first.
+"</tool_call>" are single tokens; the trigger of the lazy grammar is the first. Under auto,
+calls written as ```json blocks are taken too (json_block.py): Qwen2.5-Coder writes them so.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ class HermesFormat(JsonCallsFormat):
     opener = "\n"
     closer = "\n</tool_call>"
     separator = "\n"
+    json_blocks = True
 
     def matches(self, template: str) -> bool:
         return "<tool_call>" in template and "tools" in template

@@ -1,0 +1,99 @@
+"""Calls written as a Markdown JSON block, as Qwen2.5-Coder answers a tool prompt under tool_choice
+auto instead of with <tool_call>:
+
+    ```json
+    {
+      "name": "read_file",
+      "arguments": {
+        "path": "README.md"
+      }
+    }
+    ```
+
+(or the bare object). llama.cpp's Hermes handler takes these with a pattern trigger; so does the
+lazy grammar (constraints.PatternTrigger): pattern() finds the start of a call (an object whose
+"name" is one of the tools), grammar() holds from that match's start, and BlockCalls lets the
+parser find calls and tell which text could still become one (held back until known).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+
+from draftwise.tools.formats.base import lark_literal, schema_for
+from draftwise.tools.spec import Tool, ToolChoice
+
+# Whitespace between the block's parts is the model's own (it indents), but bounded: unbounded
+# whitespace in a grammar lets a model write spaces until max_tokens.
+WS = r"[ \t\n]{0,16}"
+FENCE = r"```(?:json)?[ \t]*\n"
+WS_OPTIONS = {"whitespace_flexible": True, "whitespace_pattern": r"[ \t\n]{1,16}"}
+
+
+def pattern(names: Sequence[str]) -> str:
+    """The regex of a call's start, up to its name's closing quote. Example, names ["f"]:
+    matches '```json\\n{\\n  "name": "f"' and '{"name": "f"', not '{"name": "g"'."""
+    alternatives = "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
+    return rf'(?:{FENCE}{WS})?\{{{WS}"name"{WS}:{WS}"(?:{alternatives})"'
+
+
+def grammar(tools: Sequence[Tool], choice: ToolChoice, parallel: bool) -> str:
+    """Lark grammar of the calls from the match's start: fenced blocks (several, whitespace
+    between, when parallel) or one bare object; each {"name": <a tool>, "arguments": <its schema>}."""
+    chosen = [t for t in tools if choice.mode != "named" or t.name == choice.name]
+    many = parallel and choice.mode != "named"
+    lines = [
+        "start: fenced (WS? fenced)* | call" if many else "start: fenced | call",
+        'fenced: FENCE WS? call WS? "```"',
+        f"FENCE: /{FENCE}/",
+        f"WS: /{WS.replace('{0,', '{1,')}/",
+        'call: "{" WS? "\\"name\\"" WS? ":" WS? fn WS? "}"',
+        "fn: " + " | ".join(f"fn_{i}" for i in range(len(chosen))),
+    ]
+    for i, tool in enumerate(chosen):
+        name = lark_literal(json.dumps(tool.name))
+        lines.append(f'fn_{i}: {name} WS? "," WS? "\\"arguments\\"" WS? ":" WS? args_{i}')
+        schema = schema_for(tool)
+        schema["x-guidance"] = {**schema["x-guidance"], **WS_OPTIONS}
+        lines.append(f"args_{i}: %json {json.dumps(schema, ensure_ascii=False)}")
+    return "\n".join(lines) + "\n"
+
+
+class BlockCalls:
+    """What a parser needs to read block calls of these tools: find() their starts, the fence a
+    start opens with, and could_start(), whether a text is a prefix of a start (the pattern cut
+    anywhere). Example, names ["f"]: "```js", '{ "na' and '{"name": "' could; '{"x' and "```py" not."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.regex = re.compile(pattern(names))
+        self.fence = re.compile(FENCE + WS)
+        ws = (WS, None)
+        call = [_literal("{"), ws, _literal('"name"'), ws, _literal(":"), ws, _literal('"'), _names(names)]
+        fences = [[_literal(f), (r"[ \t]*", None), _literal("\n"), ws] for f in ("```json", "```")]
+        forms = [_chain(f + call) for f in fences] + [_chain(call)]
+        self._prefix = re.compile("|".join(forms))
+
+    def could_start(self, text: str) -> bool:
+        return self._prefix.fullmatch(text) is not None
+
+
+def _literal(text: str) -> tuple[str, str]:
+    """(the regex of text, the regex of its proper non-empty prefixes)."""
+    return re.escape(text), "|".join(re.escape(text[:i]) for i in range(1, len(text))) or None
+
+
+def _names(names: Sequence[str]) -> tuple[str, str | None]:
+    prefixes = sorted({n[:i] for n in names for i in range(1, len(n))})
+    return "|".join(re.escape(n) for n in names), "|".join(re.escape(p) for p in prefixes) or None
+
+
+def _chain(atoms: list[tuple[str, str | None]]) -> str:
+    """Regex of the prefixes of atoms in a row: each atom whole then (maybe) more, or cut inside."""
+    out = ""
+    for whole, cut in reversed(atoms):
+        whole_then = f"(?:{whole})(?:{out})?" if out else f"(?:{whole})"
+        out = f"{whole_then}|(?:{cut})" if cut else whole_then
+        out = f"(?:{out})"
+    return out
