@@ -2,7 +2,10 @@
 
 A prompt file holds one JSON object a line: {"question_id": int, "category": str,
 "turns": [str, ...], "reference"?: ..., "json_schema"?: {...}, "prediction"?: str | [str | null, ...],
-"suffix"?: str}; a JSON schema constrains every turn's answer, for every method; a prediction (one
+"suffix"?: str, "tools"?: [...], "tool_choice"?: ..., "expected_calls"?: [str, ...]}; a JSON schema
+constrains every turn's answer, for every method; tools (OpenAI's, with tool_choice, default auto) do
+too, as the server would, and expected_calls names the functions the answer should call (empty:
+none; bench/tool_calls.py scores it); a prediction (one
 string for the first turn, or one entry per turn) is the expected answer, which the prediction
 drafter drafts from; a suffix makes a fill-in-the-middle prompt (one turn: the text before the
 gap; reference: the text removed). Any problem is reported as `FILE:LINE: why`.
@@ -13,7 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -32,6 +35,7 @@ CATEGORIES = (
     "rag",
     "math",
     "fim",
+    "tool_calls",
 )
 QUICK_PER_CATEGORY = 2
 SUITES = ("quick", "full")
@@ -50,6 +54,9 @@ class Prompt:
     json_schema: Any = field(default=None, hash=False)  # every answer must follow this JSON schema, if set
     prediction: tuple[str | None, ...] = ()  # per turn: the expected answer (predicted outputs), or None
     suffix: str | None = None  # fill in the middle: the text after the gap (turns[0] is the text before)
+    tools: Any = field(default=None, hash=False)  # OpenAI tools every answer may call (tool_calls suite)
+    tool_choice: Any = field(default=None, hash=False)  # None: auto
+    expected_calls: tuple[str, ...] | None = None  # the functions a good answer calls (empty: none)
 
     def prediction_for(self, turn: int) -> str | None:
         return self.prediction[turn] if turn < len(self.prediction) else None
@@ -64,6 +71,9 @@ class Prompt:
             out["prediction"] = list(self.prediction)
         if self.suffix is not None:
             out["suffix"] = self.suffix
+        for key in ("tools", "tool_choice", "expected_calls"):
+            if getattr(self, key) is not None:
+                out[key] = list(self.expected_calls) if key == "expected_calls" else getattr(self, key)
         return out
 
 
@@ -114,7 +124,33 @@ def parse_prompt(obj: Any) -> Prompt:
         raise ValueError(
             f"'suffix' (fill in the middle) must be a string, with one turn and no json_schema, got {suffix!r:.80}"
         )
-    return Prompt(qid, category.strip(), tuple(turns), obj.get("reference"), schema, tuple(prediction or ()), suffix)
+    tools, expected = obj.get("tools"), obj.get("expected_calls")
+    if tools is not None:
+        from draftwise.tools import parse_tool_choice, parse_tools
+        from draftwise.tools.spec import ToolSpecError
+
+        try:
+            parse_tool_choice(obj.get("tool_choice"), parse_tools(tools))
+        except ToolSpecError as exc:
+            raise ValueError(f"'{exc.param}': {exc}") from None
+        if schema is not None or suffix is not None:
+            raise ValueError("'tools' cannot go with a json_schema or a suffix")
+    if (expected is not None or obj.get("tool_choice") is not None) and tools is None:
+        raise ValueError("'expected_calls' and 'tool_choice' need 'tools'")
+    if expected is not None and (not isinstance(expected, list) or not all(isinstance(n, str) for n in expected)):
+        raise ValueError(f"'expected_calls' must be a list of function names, got {expected!r:.80}")
+    return Prompt(
+        qid,
+        category.strip(),
+        tuple(turns),
+        obj.get("reference"),
+        schema,
+        tuple(prediction or ()),
+        suffix,
+        tools,
+        obj.get("tool_choice"),
+        tuple(expected) if expected is not None else None,
+    )
 
 
 def parse_lines(lines: Iterable[str], source: str) -> list[Prompt]:
@@ -235,15 +271,7 @@ def pad_prompt(
         filler_ids = filler_ids + filler_ids
     padding = decode(filler_ids[:room])
     first = header + padding + footer + prompt.turns[0]
-    return Prompt(
-        prompt.question_id,
-        prompt.category,
-        (first, *prompt.turns[1:]),
-        prompt.reference,
-        prompt.json_schema,
-        prompt.prediction,
-        prompt.suffix,
-    )
+    return replace(prompt, turns=(first, *prompt.turns[1:]))
 
 
 def filler_for(prompt: Prompt, pool: Sequence[Prompt]) -> str:

@@ -12,6 +12,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from draftwise.bench import tool_calls
 from draftwise.bench.prompts import CATEGORIES
 
 HOW_MEASURED = (
@@ -286,6 +287,20 @@ def render_markdown(results: dict, plots: Sequence[str] = ()) -> str:
                 ),
                 structured,
             ),
+            "",
+        ]
+    tools = tool_calls.tool_rows(records)
+    if tools:
+        out += [
+            "## Tool calls",
+            "",
+            "Prompts with tools (every method decodes under the calls' constraint of the prompt's tool_choice, as "
+            "the server does). parse = the answer is text or calls that parse; names exist / args valid = every "
+            "call names a tool / its arguments validate against its parameters (jsonschema); decision = the "
+            "functions called are the expected ones (none when none is expected); speedup = vs plain decoding "
+            "under the same constraint.",
+            "",
+            markdown_table(tool_calls.TOOL_HEADERS, tools),
             "",
         ]
     completion = fim_rows(records)

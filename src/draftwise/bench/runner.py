@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
+from draftwise.bench import tool_calls
 from draftwise.bench.fim import fim_ids, quality
 from draftwise.bench.methods import MethodSpec, parse_methods
 from draftwise.bench.prompts import Prompt, filler_for, pad_prompt
@@ -384,6 +385,8 @@ class BenchRunner:
         )
         schema = original.json_schema
         ids = self._fim_ids(prompt)
+        tools = original.tools
+        plan = tool_calls.plan_for(self.engine.tokenizer, tools, original.tool_choice) if tools else None
         for _ in range(cfg.repeats):
             reference: dict[int, str] = {}  # turn -> the baseline's answer in this repeat
             for vi in order:
@@ -399,12 +402,17 @@ class BenchRunner:
                             + (f" · T={temperature:g}" if len(cfg.temperatures) > 1 else "")
                         )
                     messages = [*history, {"role": "user", "content": text}]
+                    turn_ids, turn_sampling = ids, _constrained(sampling, schema, variant)
+                    if plan is not None:  # the tools in the prompt, the calls' constraint (as the server does)
+                        turn_ids = self.engine.encode_prompt(messages=messages, tools=tools)
+                        if variant.method.constrained:
+                            turn_sampling = replace(sampling, constraint=plan.constraint)
                     run = self._measure(
-                        None if ids else messages,
-                        _constrained(sampling, schema, variant),
+                        None if turn_ids else messages,
+                        turn_sampling,
                         variant,
                         original.prediction_for(turn),
-                        prompt_ids=ids,
+                        prompt_ids=turn_ids,
                     )
                     runs.setdefault((vi, turn), []).append(run)
                     if self.progress:
@@ -446,7 +454,7 @@ class BenchRunner:
                     if self._uses_model(variant)
                     else 0.0
                 ),
-                "constrained": schema is not None and variant.method.constrained,
+                "constrained": (schema is not None or plan is not None) and variant.method.constrained,
             }
             failed = [t["error"] for t in tries if t["error"]]
             if failed:
@@ -458,6 +466,8 @@ class BenchRunner:
                 record.update(best)
                 if schema is not None:
                     record.update(_validity(record["text"], schema))
+                if plan is not None:
+                    record.update(tool_calls.scores(record["text"], plan, original.expected_calls or ()))
                 if original.suffix is not None and isinstance(original.reference, str):
                     record.update(quality(record["text"], original.reference))
             records.append(record)
