@@ -343,7 +343,8 @@ def bench_serve(
         raise click.BadParameter(f"levels must be >= 1, got {','.join(map(str, levels))}", param_hint="--concurrency")
     if url and serve_args:
         raise click.UsageError("--serve-args is for the server bench-serve starts; it cannot change the one at --url")
-    prompts = [p.turns[0] for p in load_suite(suite)]
+    # Chat prompts only: a fill-in-the-middle cut (suffix) or a tool prompt is another request shape.
+    prompts = [p.turns[0] for p in load_suite(suite) if p.suffix is None and not getattr(p, "tools", None)]
     server = (
         contextlib.nullcontext()
         if url
