@@ -98,7 +98,8 @@ def test_the_block_grammar_reads_the_models_block_and_holds_the_schema():
     def valid(text: str) -> int:  # characters the grammar accepts (all ASCII: one byte each)
         return compile_constraint(grammar, backend).valid_prefix(backend.tokenizer.encode(text))
 
-    for text in (MODEL_BLOCK, ANSWERS["two blocks"][0], '{"name": "read", "arguments": {}}'):
+    keys = '{"name": "read", "arguments": {\n    "a": "x",\n    "b": [1,2]\n  }}'  # the model's separators
+    for text in (MODEL_BLOCK, ANSWERS["two blocks"][0], '{"name": "read", "arguments": {}}', keys):
         assert valid(text) == len(text), text
     too_long = MODEL_BLOCK.replace("README.md", "docs/README.md")  # maxLength 12
     assert valid(too_long) == too_long.index("docs/") + 12

@@ -29,7 +29,14 @@ from draftwise.tools.spec import Tool, ToolChoice
 # whitespace in a grammar lets a model write spaces until max_tokens.
 WS = r"[ \t\n]{0,16}"
 FENCE = r"```(?:json)?[ \t]*\n"
-WS_OPTIONS = {"whitespace_flexible": True, "whitespace_pattern": r"[ \t\n]{1,16}"}
+# NOTE: the separators without their space: ", " would refuse the model's `",\n` tokens and make it
+# write "\n  , " (seen on the default target with the bench's edit_file prompt).
+WS_OPTIONS = {
+    "whitespace_flexible": True,
+    "whitespace_pattern": r"[ \t\n]{1,16}",
+    "item_separator": ",",
+    "key_separator": ":",
+}
 
 
 def pattern(names: Sequence[str]) -> str:
