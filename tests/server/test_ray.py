@@ -174,7 +174,7 @@ BAD_REQUESTS = [
     ("malformed JSON", "/v1/chat/completions", b'{"model": "tiny", "messages": ['),
     ("missing messages", "/v1/chat/completions", {"model": MODEL}),
     ("string number", "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": "5"}),
-    ("n = 2", "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 2}),
+    ("n = 0", "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 0}),
     ("unknown model", "/v1/chat/completions", {"model": "gpt-5", "messages": [{"role": "user", "content": "x"}]}),
     ("too long", "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": N_CTX}),
     ("no route", "/v1/nowhere", {}),
