@@ -158,7 +158,7 @@ class Batcher:
                     raise
                 return events
             self.num_steps += 1
-            self.last_rows = self.engine.last_rows = result.rows
+            self.last_rows = result.rows
             if result.forward_error is not None:
                 events += self.fail([a for a, _ in prefills], result.forward_error)
             for a, chunk in prefills if result.forward_error is None else ():

@@ -88,7 +88,6 @@ class Engine:
         self._policy_override = policy
         self._slots: list[Slot] = []
         self._target_time: TargetTime | None = None  # made with the first auto policy
-        self.last_rows = 0  # target rows in the last step's forward
         self.busy_slots: set[int] = set()  # slots a Batcher is running requests in
         # Guards the caches; reentrant, since a stream() holds it across its Batcher's steps.
         self.lock = threading.RLock()

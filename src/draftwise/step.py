@@ -68,9 +68,8 @@ class Verified:
 
 @dataclass(frozen=True)
 class Forward:
-    """forward -> verify/commit: the shared forward's logits and what it cost."""
+    """forward -> commit: what the shared forward cost (verify reads its logits rows)."""
 
-    logits: list[np.ndarray]  # per drafted request: [k+1, V] (a tree: one [k_b+1, V] per branch)
     ms: float
     rows: int
     batched: bool  # several items (requests or prefill chunks) shared it
@@ -160,7 +159,7 @@ def step(
         for i in drafted:
             out[i] = exc
         return StepResult(out, forward_error=exc, phase_ms=dict(clock.ms))
-    fwd = Forward(logits, lap.ms, rows, len(drafted) + len(prefills) > 1)
+    fwd = Forward(lap.ms, rows, len(drafted) + len(prefills) > 1)
     if fwd.batched and target_time is not None:
         target_time.observe(rows, fwd.ms)  # the shared forward, once at its total rows
     row_logits = dict(zip(drafted, logits))
