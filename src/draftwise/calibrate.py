@@ -1,8 +1,11 @@
 """Calibration: how long one forward over n = 1..K new tokens takes on a backend.
 
-Medians are measured at a realistic context length and cached on disk per (model
-identity, threads, n_ctx). Curves are kept as measured — on llama.cpp 16 tokens can
-cost less than 12 — and n between measured points is linearly interpolated.
+Each size is timed several times at a realistic context length, the rounds interleaved over the
+sizes, and the fastest time kept: a shared host only ever adds time, and interleaving spreads a
+burst of load over every size instead of one. Curves are cached on disk per (model identity,
+threads, n_ctx) and kept as measured — on llama.cpp 16 tokens can cost less than 12 — and n
+between measured points is linearly interpolated. A cached curve whose single-token cost is far
+above what the host does now (it was measured while something else ran) is measured again.
 """
 
 from __future__ import annotations
@@ -10,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,8 +22,11 @@ from draftwise.backends.base import Backend
 QUICK_POINTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 MAX_N = 64  # the largest forward timed by default (the auto policy asks for MAX_K + 1)
 # Timings per forward size: a thorough run times every size up to max_n, a quick one QUICK_POINTS.
-QUICK_REPEATS, THOROUGH_REPEATS = 2, 5
+QUICK_REPEATS, THOROUGH_REPEATS = 3, 5
 CACHE_VERSION = 1
+# A cached curve is measured again when its n=1 cost exceeds this many times a fresh probe's.
+STALE_RATIO = 1.5
+PROBE_CONTEXT, PROBE_REPEATS = 32, 3
 
 
 @dataclass(frozen=True)
@@ -96,7 +101,8 @@ def _points(backend: Backend, thorough: bool, max_n: int) -> list[int]:
 def measure(
     backend: Backend, points=QUICK_POINTS, *, context_len: int = 256, repeats: int = 3, max_n: int = MAX_N
 ) -> CostCurve:
-    """Time extend(n) + truncate at context_len tokens of context; median of repeats per n."""
+    """Time extend(n) + truncate at context_len tokens of context; the fastest of `repeats` rounds
+    per n, each round timing every n once (a burst of load then slows one round, not one n)."""
     points = sorted({n for n in points if 1 <= n <= max_n} | {1})
     context_len = max(1, min(context_len, backend.n_ctx - max(points) - 1))
     vocab = backend.vocab_size
@@ -108,21 +114,28 @@ def measure(
         backend.prefill(context)
         backend.extend(context[:1])  # warm-up
         backend.truncate(context_len)
-        result = []
-        for n in points:
-            ids = [(104729 * (j + n) + 17) % min(vocab, 32000) for j in range(n)]
-            times = []
-            for _ in range(repeats):
+        times: dict[int, list[float]] = {n: [] for n in points}
+        for _ in range(max(1, repeats)):
+            for n in points:
+                ids = [(104729 * (j + n) + 17) % min(vocab, 32000) for j in range(n)]
                 t0 = time.perf_counter()
                 backend.extend(ids)
-                times.append(1000 * (time.perf_counter() - t0))
+                times[n].append(1000 * (time.perf_counter() - t0))
                 backend.truncate(context_len)
-            result.append((n, statistics.median(times)))
+        result = [(n, min(times[n])) for n in points]
     finally:
         backend.reset()
         if saved:
             backend.prefill(saved)
     return CostCurve(tuple(result), context_len=context_len)
+
+
+def stale(backend: Backend, curve: CostCurve) -> bool:
+    """Whether a cached curve's single-token cost is more than STALE_RATIO times what a short probe
+    measures now (a curve timed on a loaded host would make every draft look cheap or dear). Only
+    that direction: a probe slowed by load now must not throw away a curve measured quietly."""
+    probe = measure(backend, (1,), context_len=PROBE_CONTEXT, repeats=PROBE_REPEATS, max_n=1).ms(1)
+    return curve.ms(1) > STALE_RATIO * probe
 
 
 def load_or_measure(
@@ -136,7 +149,7 @@ def load_or_measure(
         # A curve measured for shorter drafts (versions before 2026-12-01 planned at most 32
         # tokens) is measured again.
         wanted = max(_points(backend, thorough, max_n))
-        if (not thorough or data.get("thorough")) and curve.max_n >= wanted:
+        if (not thorough or data.get("thorough")) and curve.max_n >= wanted and not stale(backend, curve):
             return curve
     curve = measure(
         backend, _points(backend, thorough, max_n), repeats=THOROUGH_REPEATS if thorough else QUICK_REPEATS, max_n=max_n

@@ -1,11 +1,12 @@
 """Planner tests with synthetic cost curves and acceptance rates (issue 4)."""
 
 import json
+import time
 
 import pytest
 
 from draftwise.backends.toy import ToyBackend, ToyModel
-from draftwise.calibrate import CostCurve, cache_file, load_or_measure
+from draftwise.calibrate import STALE_RATIO, CostCurve, cache_file, load_or_measure
 from draftwise.drafters import ModelDrafter, NgramDrafter
 from draftwise.policy import HeuristicPolicy, PlanState
 from draftwise.policy.auto import AutoPolicy
@@ -100,15 +101,40 @@ def test_calibration_cache_reused_and_invalidated(tmp_path, monkeypatch):
     first = load_or_measure(backend, max_n=4)
     path = cache_file(backend)
     data = json.loads(path.read_text())
-    data["points"][0][1] = 123.0  # mark the cached file: a reuse returns the mark
+    # Mark the cached file (a cost below anything a probe measures, so it is not stale): a reuse
+    # returns the mark.
+    data["points"][0][1] = 1e-9
     path.write_text(json.dumps(data))
-    assert load_or_measure(backend, max_n=4).ms(1) == 123.0
+    assert load_or_measure(backend, max_n=4).ms(1) == 1e-9
     other_model = ToyBackend(ToyModel(vocab_size=8, seed=2), name="m1")
     assert cache_file(other_model) != path
     backend.n_threads = 4  # another thread count: another cache entry
     assert cache_file(backend) != path
-    assert load_or_measure(backend, max_n=4).ms(1) != 123.0
+    assert load_or_measure(backend, max_n=4).ms(1) != 1e-9
     assert first.max_n == 4
+
+
+def test_a_cached_curve_timed_on_a_loaded_host_is_measured_again(tmp_path, monkeypatch):
+    """A curve whose single-token cost is far above a fresh probe's (it was measured while the host
+    was busy) would make the policy misprice every draft: it is measured again and rewritten."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    delay = {"s": 0.0}
+    model = ToyModel(vocab_size=8, seed=1)
+
+    def logits(context):
+        time.sleep(delay["s"])
+        return model.logits(context)
+
+    backend = ToyBackend(logits_fn=logits, vocab_size=8, name="slowable")
+    delay["s"] = 0.02  # the host is busy while the curve is measured: 20 ms per forward
+    busy = load_or_measure(backend, max_n=4)
+    assert busy.ms(1) >= 20.0
+    delay["s"] = 0.0  # quiet again: the cached curve is stale and measured again
+    quiet = load_or_measure(backend, max_n=4)
+    assert quiet.ms(1) < busy.ms(1) / STALE_RATIO
+    assert json.loads(cache_file(backend).read_text())["points"][0][1] == quiet.ms(1)
+    delay["s"] = 0.02  # busy now: a probe slowed by load keeps the quiet curve
+    assert load_or_measure(backend, max_n=4).ms(1) == quiet.ms(1)
 
 
 def test_cost_curve_keeps_non_monotonic_points():
