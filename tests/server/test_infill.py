@@ -51,14 +51,23 @@ def infill(server, body, **kwargs):
     return r.json()
 
 
-@pytest.mark.parametrize("name", ["llama_vim", "llama_vscode"])
+@pytest.mark.parametrize("name", ["llama_vim", "llama_vscode", "response_fields"])
 def test_editor_bodies_get_the_fields_editors_read(fim_server, name):
     body = BODIES[name]
     answer = infill(fim_server, body)
-    if "response_fields" in body:  # llama.vscode names what it reads; nothing else comes back
+    if "response_fields" in body:  # the client names what it reads; nothing else comes back
         assert set(answer) == set(body["response_fields"])
         assert isinstance(answer["content"], str) and answer["timings/predicted_n"] >= 1
         return
+    if body.get("n_cmpl", 1) > 1:  # llama.vscode's 3 completions: a list, as llama.cpp answers
+        assert isinstance(answer, list) and [a["index"] for a in answer] == list(range(body["n_cmpl"]))
+        for one in answer:
+            check_result(one, body)
+        return
+    check_result(answer, body)
+
+
+def check_result(answer, body):
     assert isinstance(answer["content"], str) and answer["stop"] is True
     assert answer["stop_type"] in ("eos", "word", "limit") and answer["truncated"] is False
     assert 1 <= answer["tokens_predicted"] <= body["n_predict"]
@@ -68,22 +77,47 @@ def test_editor_bodies_get_the_fields_editors_read(fim_server, name):
     assert timings["predicted_n"] == answer["tokens_predicted"] and timings["predicted_ms"] > 0
 
 
-@pytest.mark.parametrize("name", ["llama_vim_warmup", "llama_vim_warmup_n0"])
+@pytest.mark.parametrize("name", ["llama_vim_warmup", "llama_vim_warmup_n0", "llama_vscode_prep"])
 def test_warmup_fills_the_cache_for_the_next_request(fim_server, name):
     warm = infill(fim_server, BODIES[name])
     if BODIES[name]["n_predict"] == 0:
         assert warm["content"] == "" and warm["tokens_predicted"] == 0
     # the next request shares the extra context: everything before the file's own text is reused
     answer = infill(fim_server, {**BODIES["llama_vim"], "input_extra": BODIES[name]["input_extra"]})
-    header = (
-        len(
-            fim_prompt(
-                fim_server.engine.tokenizer, "", "", extra=[("stats.py", BODIES[name]["input_extra"][0]["text"])]
-            ).ids
-        )
-        - 3
-    )
+    chunk = BODIES[name]["input_extra"][0]
+    header = len(fim_prompt(fim_server.engine.tokenizer, "", "", extra=[(chunk["filename"], chunk["text"])]).ids) - 3
     assert answer["timings"]["cache_n"] >= header
+
+
+def test_n_cmpl_completions_are_independent_samples_and_greedy_ones_agree(fim_server):
+    base = {**BODIES["llama_vscode"], "n_indent": 0, "n_predict": 8, "t_max_predict_ms": 0}
+    greedy = infill(fim_server, {**base, **GREEDY})
+    assert len(greedy) == 3 and len({a["content"] for a in greedy}) == 1
+    assert greedy[0]["content"] == infill(fim_server, {**base, **GREEDY, "n_cmpl": 1})["content"]
+    sampled = infill(fim_server, {**base, "samplers": ["temperature"], "temperature": 1.5, "seed": 7, "n_cmpl": 4})
+    assert len({a["content"] for a in sampled}) > 1  # four seeds of one request: not one answer
+    again = infill(fim_server, {**base, "samplers": ["temperature"], "temperature": 1.5, "seed": 7, "n_cmpl": 4})
+    assert [a["content"] for a in again] == [a["content"] for a in sampled]  # seeded: reproducible
+
+
+def test_n_cmpl_completions_stream_with_their_index(fim_server):
+    body = {**BODIES["llama_vscode"], **GREEDY, "n_indent": 0, "n_predict": 8, "t_max_predict_ms": 0}
+    whole = infill(fim_server, body)
+    texts, finals = {}, []
+    with httpx.stream("POST", f"{fim_server.url}/infill", json={**body, "stream": True}, timeout=60) as r:
+        for line in r.iter_lines():
+            if line:
+                event = json.loads(line[len("data: ") :])
+                (finals if event["stop"] else []).append(event["index"])
+                texts[event["index"]] = texts.get(event["index"], "") + event["content"]
+    assert sorted(finals) == [0, 1, 2]
+    assert [texts[i] for i in range(3)] == [a["content"] for a in whole]
+
+
+@pytest.mark.parametrize("n_cmpl", [0, 17, "3"])
+def test_n_cmpl_out_of_range_is_a_400_naming_it(fim_server, n_cmpl):
+    r = httpx.post(f"{fim_server.url}/infill", json={**BODIES["llama_vscode"], "n_cmpl": n_cmpl}, timeout=30)
+    assert r.status_code == 400 and "n_cmpl" in r.text
 
 
 def test_stream_is_llamacpp_events_and_equals_the_whole_answer(fim_server):

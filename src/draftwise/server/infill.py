@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from draftwise.errors import BackendError, ConfigError, PromptTooLongError
 from draftwise.fim import FimBudget, FimUnsupportedError, fim_prompt, fim_tokens
+from draftwise.server import choices
 from draftwise.server import protocol as p
 from draftwise.server.errors import APIError
 from draftwise.server.serving import Failed, Finished, Job, JobCancelled, Piece, ServerBusy, Serving
@@ -43,6 +44,7 @@ DEFAULT_SAMPLERS = ("dry", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperatu
 APPLIED_SAMPLERS = frozenset({"top_k", "top_p", "min_p", "temperature"})
 KNOWN_SAMPLERS = frozenset({*DEFAULT_SAMPLERS, "infill", "penalties", "top_n_sigma", "adaptive_p"})
 SUPERSEDED = "superseded by a newer request from the same client"
+MAX_COMPLETIONS = 16  # n_cmpl's bound (llama.cpp's is its slot count; more queue here)
 
 
 class InfillChunk(BaseModel):
@@ -91,7 +93,9 @@ class InfillRequest(BaseModel):
     mirostat: int = 0
     min_keep: int = 0
     n_probs: int = 0
-    n_cmpl: int = 1
+    # Completions of the prompt (llama.cpp's n_cmpl; llama.vscode sends 3 by default and offers
+    # the distinct ones): more than 1 is answered as a list, one result per completion.
+    n_cmpl: int = Field(1, ge=1, le=MAX_COMPLETIONS)
     grammar: str | None = None
     json_schema: Any = None
     logit_bias: Any = None
@@ -110,7 +114,6 @@ class InfillRequest(BaseModel):
             ("mirostat", 0),
             ("min_keep", 0),
             ("n_probs", 0),
-            ("n_cmpl", 1),
         ):
             if getattr(self, name) != default:
                 return name
@@ -167,19 +170,19 @@ def indent_cut(text: str, n_indent: int) -> int | None:
 
 
 class Clients:
-    """The request each client has running; a newer one from the same client cancels it."""
+    """The request each client has running (its jobs, one per completion); a newer one from the
+    same client cancels them."""
 
     def __init__(self) -> None:
-        self._jobs: dict[tuple, Job] = {}
+        self._jobs: dict[tuple, list[Job]] = {}
 
-    def supersede(self, client: tuple, job: Job) -> None:
-        previous = self._jobs.get(client)
-        if previous is not None:
+    def supersede(self, client: tuple, jobs: list[Job]) -> None:
+        for previous in self._jobs.get(client, ()):
             previous.cancel(SUPERSEDED)
-        self._jobs[client] = job
+        self._jobs[client] = jobs
 
-    def done(self, client: tuple, job: Job) -> None:
-        if self._jobs.get(client) is job:
+    def done(self, client: tuple, jobs: list[Job]) -> None:
+        if self._jobs.get(client) is jobs:
             del self._jobs[client]
 
 
@@ -187,6 +190,7 @@ class Clients:
 class _Answer:
     """What the route has to say about a job so far (the text after llama.cpp's cuts)."""
 
+    job: Job
     text: str = ""
     sent: int = 0
     stop_type: str = "none"
@@ -248,22 +252,29 @@ def install(
             config, drafters = dataclasses.replace(config or engine.speculation, enabled=False), None
         tenant = request.scope.get("state", {}).get("tenant")
         client = (tenant, request.client.host if request.client else None)
+        jobs: list[Job] = []
         try:
             prompt_ids, sampling, room = await asyncio.to_thread(prepare, body)
-            job = Job(f"infill-{uuid.uuid4().hex[:24]}", "infill", prompt_ids, tenant=tenant)
-            clients.supersede(client, job)
-            await asyncio.to_thread(serving.submit, job, sampling, config, drafters)
+            copies = 1 if warmup else body.n_cmpl
+            jobs = [Job(f"infill-{uuid.uuid4().hex[:24]}", "infill", prompt_ids, tenant=tenant) for _ in range(copies)]
+            clients.supersede(client, jobs)
+            for copy, job in enumerate(jobs):
+                seeded = dataclasses.replace(sampling, seed=choices.choice_seed(sampling.seed, copy))
+                await asyncio.to_thread(serving.submit, job, seeded, config, drafters)
         except UnicodeEncodeError as exc:
             raise APIError(
                 400, f"the request holds U+{ord(exc.object[exc.start]):04X}, a lone surrogate", code="invalid_value"
             ) from None
-        except PromptTooLongError as exc:
-            raise APIError(400, str(exc), code="context_length_exceeded") from None
-        except ServerBusy as exc:
-            raise APIError(503, str(exc), type="server_error", code="overloaded") from None
-        except (ConfigError, BackendError) as exc:
+        except (PromptTooLongError, ServerBusy, ConfigError, BackendError) as exc:
+            for job in jobs:
+                job.cancel("a sibling completion was refused")
+            clients.done(client, jobs)
+            if isinstance(exc, PromptTooLongError):
+                raise APIError(400, str(exc), code="context_length_exceeded") from None
+            if isinstance(exc, ServerBusy):
+                raise APIError(503, str(exc), type="server_error", code="overloaded") from None
             raise APIError(400, str(exc), code="invalid_value") from None
-        answer = _Answer()
+        answers = [_Answer(job) for job in jobs]
         settings = {
             "n_ctx": engine.target.n_ctx,
             "n_predict": body.n_predict,
@@ -278,8 +289,9 @@ def install(
             "samplers": body.samplers or list(DEFAULT_SAMPLERS),
         }
 
-        def advance(event: Piece | Finished | Failed) -> str | None:
-            """Take one event; returns new text to send (None: nothing new)."""
+        def advance(answer: _Answer, event: Piece | Finished | Failed) -> str | None:
+            """Take one event of answer's job; returns new text to send (None: nothing new)."""
+            job = answer.job
             if isinstance(event, Failed):
                 if isinstance(event.error, JobCancelled) and job.cancel_reason == SUPERSEDED:
                     answer.superseded = True
@@ -317,12 +329,13 @@ def install(
             new, answer.sent = answer.text[answer.sent :], len(answer.text)
             return new
 
-        def final(content: str) -> dict:
+        def final(index: int, content: str) -> dict:
+            answer = answers[index]
             done = answer.finished
             stats = done.result.stats if done is not None else None
             visible = done is not None and done.cache_visible
             out = {
-                "index": 0,
+                "index": index,
                 "content": content,
                 "tokens": [],
                 "id_slot": -1,
@@ -351,18 +364,27 @@ def install(
                 out["timings"] = _timings(stats, 0 if warmup else stats.num_generated)
             return out if body.response_fields is None else _pick(out, body.response_fields)
 
+        streams = [job_events(job, request) for job in jobs]
+
+        def unfinished(reason: str) -> None:
+            """Cancel the completions still running (a sibling failed, or the client left)."""
+            for answer in answers:
+                if answer.finished is None:
+                    answer.job.cancel(reason)
+            clients.done(client, jobs)
+
         async def events() -> AsyncIterator[str]:
             try:
-                async for event in job_events(job, request):
+                async for index, event in choices.merged(streams):
                     try:
-                        new = advance(event)
+                        new = advance(answers[index], event)
                     except APIError as error:
                         count(error)
                         yield f"data: {json.dumps({'error': error.body()['error']})}\n\n"
                         return
                     if new:
                         partial = {
-                            "index": 0,
+                            "index": index,
                             "content": new,
                             "tokens": [],
                             "stop": False,
@@ -371,9 +393,10 @@ def install(
                             "tokens_evaluated": len(prompt_ids),
                         }
                         yield f"data: {json.dumps(partial, ensure_ascii=False)}\n\n"
-                yield f"data: {json.dumps(final(''), ensure_ascii=False)}\n\n"
+                for index in range(len(answers)):
+                    yield f"data: {json.dumps(final(index, ''), ensure_ascii=False)}\n\n"
             finally:
-                clients.done(client, job)
+                unfinished("the stream ended")
 
         if body.stream:
             return StreamingResponse(
@@ -382,11 +405,13 @@ def install(
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
         try:
-            async for event in job_events(job, request):
-                advance(event)
+            async for index, event in choices.merged(streams):
+                advance(answers[index], event)
         finally:
-            clients.done(client, job)
-        return JSONResponse(final("" if warmup else answer.text))
+            unfinished("the request ended")
+        results = [final(index, "" if warmup else answers[index].text) for index in range(len(answers))]
+        # llama.cpp answers one completion as an object and several as a list of them
+        return JSONResponse(results[0] if len(results) == 1 else results)
 
 
 def _stop_type(done: Finished) -> str:
