@@ -161,12 +161,38 @@ def test_completions_suffix_through_openai_client(fim_server, fim_engine):
 
 
 def test_unsupported_and_bad_fields_are_400(fim_server):
-    for extra in ({"repeat_penalty": 1.3}, {"samplers": ["mirostat"]}, {"input_extra": [{"filename": "x"}]}):
+    for extra in (
+        {"dry_multiplier": 0.8},
+        {"samplers": ["mirostat"]},
+        {"input_extra": [{"filename": "x"}]},
+        {"logit_bias": [[10**9, 1.0]]},
+        {"repeat_penalty": 0, "samplers": ["penalties"]},
+    ):
         r = httpx.post(f"{fim_server.url}/infill", json={**BODIES["llama_vim"], **extra}, timeout=30)
         assert r.status_code == 400, extra
         assert "error" in r.json()
     ok = infill(fim_server, {**BODIES["llama_vim"], "n_predict": 2, "id_slot": 1, "dry_base": 2.0, "n_keep": -1})
     assert ok["stop"] is True  # llama.cpp fields that change nothing here are ignored
+
+
+def test_penalties_and_logit_bias_change_the_answer_and_stay_exact_under_speculation(fim_server):
+    body = {**BODIES["llama_vim"], **GREEDY, "n_indent": 0, "t_max_predict_ms": 0, "n_predict": 24, "ignore_eos": True}
+    plain = infill(fim_server, {**body, "return_tokens": True, "speculation": {"enabled": False}})
+    banned = plain["tokens"][0]
+    for extra in (
+        {"logit_bias": [[banned, False]]},
+        {"samplers": ["penalties", "temperature"], "repeat_penalty": 1.5, "repeat_last_n": -1},
+        {"samplers": ["penalties", "temperature"], "frequency_penalty": 1.0, "presence_penalty": 0.5},
+    ):
+        off = infill(fim_server, {**body, **extra, "return_tokens": True, "speculation": {"enabled": False}})
+        on = infill(
+            fim_server,
+            {**body, **extra, "return_tokens": True, "speculation": {"policy": "fixed", "max_draft_tokens": 4}},
+        )
+        assert on["tokens"] == off["tokens"], extra  # exact: every verified row is penalised given its history
+        assert off["tokens"] != plain["tokens"], extra  # and they do change the answer
+        if "logit_bias" in extra:
+            assert banned not in off["tokens"]
 
 
 def test_model_without_fim_tokens_gets_400(server):

@@ -8,7 +8,7 @@ import pytest
 from draftwise.backends.toy import CharTokenizer
 from draftwise.errors import ConfigError
 from draftwise.fim import FimBudget, FimUnsupportedError, fim_prompt, fim_tokens, require_fim_tokens, split_at
-from draftwise.server.infill import InfillRequest, _pick, indent_cut, infill_sampling
+from draftwise.server.infill import InfillRequest, _pick, indent_cut, infill_sampling, logit_bias
 
 
 @pytest.fixture(scope="module")
@@ -103,10 +103,32 @@ def test_sampling_follows_llamacpp_chain():
     assert infill_sampling(body(temperature=0.0, samplers=["temperature"]), 8).greedy
 
 
+def test_penalties_apply_where_the_chain_names_them_and_logit_bias_always():
+    fields = {"repeat_penalty": 1.3, "repeat_last_n": 32, "presence_penalty": 0.5, "frequency_penalty": 0.25}
+    tokenizer = CharTokenizer(vocab_size=50)
+    on = infill_sampling(body(**fields, logit_bias=[[3, -2.0]]), 8, tokenizer, 50)  # the default chain: "penalties"
+    assert (on.repeat_penalty, on.repeat_last_n, on.presence_penalty, on.frequency_penalty) == (1.3, 32, 0.5, 0.25)
+    assert on.logit_bias == ((3, -2.0),)
+    off = infill_sampling(body(**fields, logit_bias={"3": False}, samplers=["top_k", "temperature"]), 8, tokenizer, 50)
+    assert (off.repeat_penalty, off.presence_penalty, off.frequency_penalty) == (1.0, 0.0, 0.0)
+    assert off.logit_bias == ((3, -100.0),)  # false bans the token, whatever the chain
+
+
+def test_logit_bias_takes_llamacpp_forms():
+    tokenizer = CharTokenizer(vocab_size=50)
+    assert logit_bias([[7, 1.5], ["12", -1]], tokenizer, 50) == ((7, 1.5), (12, -1.0))
+    assert logit_bias({"7": False}, tokenizer, 50) == ((7, -100.0),)
+    text_ids = tokenizer.encode("ab", add_special=False)
+    assert logit_bias([["ab", 2.0]], tokenizer, 50) == tuple((t, 2.0) for t in sorted(set(text_ids)))
+    for bad in ([[60, 1.0]], [[7, True]], [[7]], [[None, 1.0]], ["x"]):
+        with pytest.raises(ConfigError, match="logit_bias"):
+            logit_bias(bad, tokenizer, 50)
+
+
 @pytest.mark.parametrize(
     "fields, bad",
     [
-        ({"repeat_penalty": 1.1}, "repeat_penalty"),
+        ({"dry_multiplier": 0.8}, "dry_multiplier"),
         ({"samplers": ["mirostat_v9"]}, "samplers"),
         ({"grammar": 'root ::= "a"'}, "grammar"),
         ({"n_probs": 3}, "n_probs"),

@@ -36,13 +36,15 @@ from draftwise.types import SamplingParams, SpeculationConfig
 
 # llama.cpp's sampling defaults (common/common.h) and its default sampler chain.
 DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, DEFAULT_MIN_P = 0.8, 40, 0.95, 0.05
-DEFAULT_SAMPLERS = ("dry", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
-# Samplers whose parameters draftwise applies; the others are accepted where their parameters
-# leave them off (llama.cpp's defaults), and "infill" (llama.cpp's FIM heuristic that merges
-# tokens sharing a prefix and may force EOG) is accepted and not applied: every editor plugin
-# names it, and the answer is then drawn from the target's own distribution.
-APPLIED_SAMPLERS = frozenset({"top_k", "top_p", "min_p", "temperature"})
-KNOWN_SAMPLERS = frozenset({*DEFAULT_SAMPLERS, "infill", "penalties", "top_n_sigma", "adaptive_p"})
+DEFAULT_SAMPLERS = ("penalties", "dry", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
+# Samplers whose parameters draftwise applies (penalties: repeat_penalty over the last
+# repeat_last_n tokens, presence and frequency penalties; logit_bias applies whatever the chain,
+# as in llama.cpp); the others are accepted where their parameters leave them off (llama.cpp's
+# defaults), and "infill" (llama.cpp's FIM heuristic that merges tokens sharing a prefix and may
+# force EOG) is accepted and not applied: every editor plugin names it, and the answer is then
+# drawn from the target's own distribution.
+APPLIED_SAMPLERS = frozenset({"penalties", "top_k", "top_p", "min_p", "temperature"})
+KNOWN_SAMPLERS = frozenset({*DEFAULT_SAMPLERS, "infill", "top_n_sigma", "adaptive_p"})
 SUPERSEDED = "superseded by a newer request from the same client"
 MAX_COMPLETIONS = 16  # n_cmpl's bound (llama.cpp's is its slot count; more queue here)
 
@@ -81,10 +83,17 @@ class InfillRequest(BaseModel):
     return_tokens: bool = False
     response_fields: list[str] | None = None  # answer only these ("timings/prompt_n" keeps that nested value)
     speculation: p.SpeculationOptions | None = None  # draftwise extension, as on /v1/completions
-    # Fields that change the answer: accepted at their llama.cpp defaults (off) only.
+    # The "penalties" sampler (llama.cpp's defaults: off). NOTE: presence and frequency count the
+    # answer's tokens (OpenAI's definition, as on /v1/completions); llama.cpp counts the last
+    # repeat_last_n tokens of prompt and answer for them too.
     repeat_penalty: float = 1.0
+    repeat_last_n: int = Field(64, ge=-1)
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # llama.cpp's forms: [[token id or text, bias or false], ...] or {"token id or text": bias};
+    # a text biases each of its tokens; false bans the token (here: bias -100).
+    logit_bias: list | dict | None = None
+    # Fields that change the answer: accepted at their llama.cpp defaults (off) only.
     dry_multiplier: float = 0.0
     xtc_probability: float = 0.0
     typical_p: float = 1.0
@@ -98,15 +107,11 @@ class InfillRequest(BaseModel):
     n_cmpl: int = Field(1, ge=1, le=MAX_COMPLETIONS)
     grammar: str | None = None
     json_schema: Any = None
-    logit_bias: Any = None
     lora: Any = None
 
     def unsupported(self) -> str | None:
         """The first field set to a value this server cannot honour, else None."""
         for name, default in (
-            ("repeat_penalty", 1.0),
-            ("presence_penalty", 0.0),
-            ("frequency_penalty", 0.0),
             ("dry_multiplier", 0.0),
             ("xtc_probability", 0.0),
             ("typical_p", 1.0),
@@ -119,7 +124,7 @@ class InfillRequest(BaseModel):
                 return name
         if self.top_n_sigma > 0:
             return "top_n_sigma"
-        for name in ("grammar", "json_schema", "logit_bias", "lora"):
+        for name in ("grammar", "json_schema", "lora"):
             if getattr(self, name):
                 return name
         for name in self.samplers or ():
@@ -128,9 +133,32 @@ class InfillRequest(BaseModel):
         return None
 
 
-def infill_sampling(body: InfillRequest, max_tokens: int) -> SamplingParams:
+def logit_bias(value: Any, tokenizer, vocab_size: int) -> tuple[tuple[int, float], ...]:
+    """llama.cpp's logit_bias as (token id, bias) pairs: a key that is a number (or a string of
+    digits) is a token id, another string biases each of its tokens; false is a ban (-100).
+    Example: ([[15, 1.0], ["ab", false]]) -> ((15, 1.0), (id of "ab"'s tokens, -100.0), ...)."""
+    items = list(value.items()) if isinstance(value, dict) else value or ()
+    out: dict[int, float] = {}
+    for item in items:
+        pair = isinstance(item, (list, tuple)) and len(item) == 2
+        key, bias = item if pair else (None, None)
+        if not pair or bias is True or not isinstance(bias, (int, float)) or type(key) not in (int, str):
+            raise ConfigError(f"logit_bias entries are [token id or text, bias or false] pairs, got {item!r}")
+        bias = -100.0 if bias is False else float(bias)
+        if isinstance(key, int) or key.isdigit():
+            ids = [int(key)]
+        else:
+            ids = tokenizer.encode(key, add_special=False)
+        for token in ids:
+            if not 0 <= token < vocab_size:
+                raise ConfigError(f"logit_bias: token id {token} is outside the vocabulary (size {vocab_size})")
+            out[token] = bias
+    return tuple(sorted(out.items()))
+
+
+def infill_sampling(body: InfillRequest, max_tokens: int, tokenizer=None, vocab_size: int = 0) -> SamplingParams:
     """llama.cpp's chain as draftwise's transforms: a sampler left out of `samplers` is off
-    (temperature then 1.0), a temperature <= 0 in the chain is greedy.
+    (temperature then 1.0; penalties then none), a temperature <= 0 in the chain is greedy.
 
     NOTE: draftwise applies temperature before top-k/top-p/min-p (llama.cpp's default chain
     truncates first); top-k and greedy are the same either way."""
@@ -139,11 +167,17 @@ def infill_sampling(body: InfillRequest, max_tokens: int) -> SamplingParams:
     top_k = body.top_k if "top_k" in chain and body.top_k > 0 else 0
     top_p = body.top_p if "top_p" in chain and 0 < body.top_p < 1 else 1.0
     min_p = body.min_p if "min_p" in chain and 0 < body.min_p < 1 else 0.0
+    penalties = "penalties" in chain
     return SamplingParams(
         temperature=temperature,
         top_k=top_k,
         top_p=top_p,
         min_p=min_p,
+        repeat_penalty=body.repeat_penalty if penalties else 1.0,
+        repeat_last_n=body.repeat_last_n,
+        presence_penalty=body.presence_penalty if penalties else 0.0,
+        frequency_penalty=body.frequency_penalty if penalties else 0.0,
+        logit_bias=logit_bias(body.logit_bias, tokenizer, vocab_size) if body.logit_bias else (),
         seed=None if body.seed < 0 else body.seed % 2**64,
         max_tokens=max_tokens,
         stop=tuple(body.stop),
@@ -227,7 +261,7 @@ def install(
         )
         room = max(1, n_ctx - len(built.ids))
         max_tokens = 1 if body.n_predict == 0 else room if body.n_predict < 0 else min(body.n_predict, room)
-        return built.ids, infill_sampling(body, max_tokens), room
+        return built.ids, infill_sampling(body, max_tokens, engine.tokenizer, engine.target.vocab_size), room
 
     @app.post("/infill", tags=["llama.cpp"], responses={s: {"model": p.ErrorResponse} for s in (400, 401, 503)})
     async def infill(body: InfillRequest, request: Request):
@@ -273,7 +307,9 @@ def install(
                 raise APIError(400, str(exc), code="context_length_exceeded") from None
             if isinstance(exc, ServerBusy):
                 raise APIError(503, str(exc), type="server_error", code="overloaded") from None
-            raise APIError(400, str(exc), code="invalid_value") from None
+            named = ("logit_bias", "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty")
+            param = next((f for f in named if str(exc).startswith(f)), None)
+            raise APIError(400, str(exc), param=param, code="invalid_value") from None
         answers = [_Answer(job) for job in jobs]
         settings = {
             "n_ctx": engine.target.n_ctx,
