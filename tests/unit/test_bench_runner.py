@@ -10,11 +10,12 @@ import pytest
 from draftwise.backends.toy import ToyBackend, ToyModel
 from draftwise.bench.methods import parse_method
 from draftwise.bench.prompts import Prompt
-from draftwise.bench.runner import BenchConfig, BenchRunner, run_bench
+from draftwise.bench.report import render_markdown
+from draftwise.bench.runner import BenchConfig, BenchRunner, divergence, run_bench
 from draftwise.bench.timing import WindowClock
 from draftwise.drafters import ModelDrafter, NgramDrafter
 from draftwise.engine import Engine
-from draftwise.types import ConfigError
+from draftwise.types import ConfigError, SamplingParams
 
 SECTION_5 = (
     "num_drafted",
@@ -60,6 +61,7 @@ class Wrapped:
     def __init__(self, engine, adjust):
         self.engine, self.adjust = engine, adjust
         self.drafters, self.tokenizer = engine.drafters, engine.tokenizer
+        self.encode_prompt = engine.encode_prompt
         self.num_streams = 0
 
     def generate(self, *args, **kwargs):
@@ -132,10 +134,35 @@ def test_identical_flag_compares_token_ids_with_baseline(tmp_path):
             return dataclasses.replace(result, token_ids=ids)
         return result
 
-    records = run(Wrapped(toy_engine(), tamper), tmp_path, methods=("baseline", "draft", "ngram"))["records"]
+    results = run(Wrapped(toy_engine(), tamper), tmp_path, methods=("baseline", "draft", "ngram"))
+    records = results["records"]
     flags = {(r["method"], r["question_id"], r["turn"]): r["identical_to_baseline"] for r in records}
     assert all(v is False for (m, *_), v in flags.items() if m == "ngram")
     assert all(v is True for (m, *_), v in flags.items() if m in ("baseline", "draft"))
+    # each differing answer says where it leaves plain decoding's and by how much
+    for r in records:
+        if r["method"] != "ngram":
+            assert "divergence" not in r
+            continue
+        d = r["divergence"]
+        assert d["position"] == r["new_tokens"] - 1 and d["plain_token"] != d["other_token"]
+        assert d["gap_nats"] is None or d["gap_nats"] > 0  # plain's token is its row's argmax
+        assert "_prompt_ids" not in r and "_token_ids" not in r
+    assert "## Greedy answers that differ from plain decoding" in render_markdown(results)
+
+
+def test_divergence_gap_is_the_logprob_difference_in_plain_decodings_row():
+    engine = toy_engine()
+    prompt = engine.encode_prompt("abc")
+    plain = engine.generate(prompt_ids=prompt, sampling=SamplingParams(max_tokens=6, ignore_eos=True)).token_ids
+    row = engine.generate(
+        prompt_ids=[*prompt, *plain[:3]], sampling=SamplingParams(max_tokens=1, logprobs=20, ignore_eos=True)
+    ).logprobs[0]
+    second = row.top[1][0]
+    other = [*plain[:3], second, *plain[4:]]
+    d = divergence(engine, prompt, list(plain), other)
+    assert d["position"] == 3 and d["gap_nats"] == pytest.approx(row.top[0][1] - row.top[1][1], abs=1e-4)
+    assert divergence(engine, prompt, list(plain), list(plain[:4]))["note"]  # a prefix: it stopped earlier
 
 
 def test_identical_is_not_claimed_for_sampled_runs_and_sweeps_make_one_set_per_setting(tmp_path):

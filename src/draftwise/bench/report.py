@@ -371,6 +371,20 @@ def render_markdown(results: dict, plots: Sequence[str] = ()) -> str:
             markdown_table(("T", "method", *ACCOUNT_PARTS, "accounted", "ms/step"), account),
             "",
         ]
+    differences = difference_rows(records)
+    if differences:
+        out += [
+            "## Greedy answers that differ from plain decoding",
+            "",
+            "Where each differing answer leaves plain decoding's: the first differing token (position in the "
+            "answer), plain decoding's token and the method's, and gap = logprob(plain's token) - logprob(the "
+            "method's) in plain decoding's single-row forward at that position, in nats (> top-20: the method's "
+            "token is not among the row's 20 most likely). A gap of a few hundredths is a near-tie that batched "
+            "verification's numerics can flip on llama.cpp; a large gap would be a bug.",
+            "",
+            markdown_table(("question", "turn", "method", "position", "plain", "method's", "gap (nats)"), differences),
+            "",
+        ]
     memory = meta.get("memory") or {}
     if memory:
         out += ["## Memory", "", markdown_table(("measure", "MB"), [(k, v) for k, v in memory.items()]), ""]
@@ -457,6 +471,33 @@ def fim_rows(records: Sequence[dict]) -> list[tuple]:
 
 
 ACCOUNT_PARTS = ("forward", "draft", "masks", "force", "verify", "commit", "loop", "other")
+
+
+def difference_rows(records: Sequence[dict]) -> list[tuple]:
+    """(question, turn, method, position, plain token, method's token, gap) for each record whose
+    greedy answer differs from the baseline's (the runner's `divergence`)."""
+    rows = []
+    for r in records:
+        d = r.get("divergence")
+        if not d:
+            continue
+        if "error" in d:
+            rows.append((r["question_id"], r["turn"], variant_label(r), "-", "-", "-", d["error"]))
+            continue
+        gap = d.get("gap_nats")
+        shown = d.get("note") or ("> top-20" if gap is None else f"{gap:.4f}")
+        rows.append(
+            (
+                r["question_id"],
+                r["turn"],
+                variant_label(r),
+                d["position"],
+                repr(d.get("plain_token")).replace("|", "\\|"),
+                repr(d.get("other_token")).replace("|", "\\|"),
+                shown,
+            )
+        )
+    return rows
 
 
 def time_account_rows(records: Sequence[dict]) -> list[tuple]:
