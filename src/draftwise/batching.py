@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -26,6 +26,7 @@ from draftwise.step import step
 
 if TYPE_CHECKING:
     from draftwise.engine import Engine
+    from draftwise.request import Slot
 
 # Prompt rows a step's forward carries at most: a joining request's prefill is cut into
 # chunks so running streams are not stalled for a whole prompt (llama.cpp's n_batch role);
@@ -34,6 +35,9 @@ if TYPE_CHECKING:
 # 4.37 s, the same ~8.5 ms per row from 128 on, so 128 fills prompts as fast as larger
 # chunks while a running stream waits ~1 s at most for its next step.
 PREFILL_CHUNK = 128
+# A slot takes a prompt prefix from another slot only when that saves at least this many rows
+# (below it, reading them again costs less than it is worth keeping the slot's own cache).
+MIN_SHARED = 16
 
 
 class BatchFull(RuntimeError):
@@ -96,11 +100,15 @@ class Batcher:
     def num_free(self) -> int:
         return len(self._free)
 
-    def add(self, generation: Generation) -> int:
+    def add(self, generation: Generation, share_from: Callable[[int], bool] | None = None) -> int:
         """Start a validated request (from engine.stream) in a free slot; returns the slot.
 
         The slot is the free one whose cache shares the longest prefix with the prompt (ties:
-        the least recently used), so conversations come back to their cached turns."""
+        the least recently used), so conversations come back to their cached turns. When another
+        slot, busy or not, holds a longer prefix of the prompt (the other choices of an `n` > 1
+        request, an editor's completions of one prompt) and `share_from(its index)` allows it,
+        the chosen slot takes that prefix from it (on llama.cpp a shared KV range, no copy) instead
+        of reading it again."""
         if not self._free:
             raise BatchFull(f"all {self.num_slots} slots are busy")
         spec = generation.request
@@ -114,11 +122,28 @@ class Batcher:
                 keep = 0  # every prompt row is read again for its logits
             req = self.engine.start(spec, slot)
             slot.target.truncate(keep)
+            if share_from is not None and spec.sampling.prompt_logprobs is None:
+                keep = self._share(slot, prompt[:-1], keep, share_from)
         req.stats.num_reused_tokens = keep
         self._free.discard(index)
         self.engine.busy_slots.add(index)
         self.active.append(_Active(generation, req, list(prompt[keep:-1])))
         return index
+
+    def _share(self, slot: Slot, prompt: list[int], keep: int, share_from: Callable[[int], bool]) -> int:
+        """Give slot the longest prefix of prompt another allowed slot holds, if it is at least
+        MIN_SHARED tokens longer than the keep tokens slot already has; returns what slot holds."""
+        best, length = None, keep + MIN_SHARED - 1
+        for other in self.engine.open_slots():
+            if other.index == slot.index or not share_from(other.index):
+                continue
+            shared = common_prefix_length(other.target.cached_ids, prompt)
+            if shared > length:
+                best, length = other, shared
+        share = getattr(slot.target, "share_prefix", None)
+        if best is not None and share is not None and share(best.target, length):
+            return length
+        return keep
 
     def step(self) -> list[Event]:
         """One forward for every active request: cancellations, prefill chunks, speculative

@@ -177,6 +177,10 @@ class Engine:
     def num_slots(self) -> int:
         return num_slots(self.target)
 
+    def open_slots(self) -> list[Slot]:
+        """The slots created so far (slot(i) creates them on first use)."""
+        return list(self._slots)
+
     def slot(self, index: int) -> Slot:
         """Slot `index`: a target sequence with drafters of its own (slot 0: the engine's)."""
         while len(self._slots) <= index:

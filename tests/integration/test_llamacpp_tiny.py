@@ -321,3 +321,40 @@ def test_batched_greedy_equals_single_llamacpp(tiny_gguf_dir):
     finally:
         for b in (single_target, single_draft, target, draft):
             b.close()
+
+
+def test_a_slot_takes_the_prompt_prefix_another_slot_holds(tiny_gguf_dir):
+    """n > 1 choices of one prompt, or an editor's completions of one prompt: the second slot
+    shares the first one's cached prompt (llama.cpp KV cells, no copy, no second read) and
+    decodes as it would have with its own read; a slot not allowed to share reads it again."""
+    from draftwise.batching import MIN_SHARED, Batcher
+
+    prompt = PROMPT * 3
+    sampling = SamplingParams(max_tokens=12, ignore_eos=True)
+    target = LlamaCppBackend(tiny_gguf_dir / "target.gguf", n_ctx=512, n_threads=1, slots=3)
+    try:
+        engine = Engine(target, [NgramDrafter(1, 3)], speculation=SpeculationConfig(policy="fixed"))
+        alone = engine.generate(prompt, sampling=sampling).token_ids
+        ids = engine.encode_prompt(prompt)
+        assert len(ids) > MIN_SHARED + 2
+        target.reset()  # slot 0 forgets; the first request below reads the prompt in slot 0
+
+        batcher = Batcher(engine, prefill_chunk=None)
+        first = engine.stream(prompt, sampling=sampling)
+        assert batcher.add(first, share_from=lambda i: True) == 0
+        batcher.step()  # slot 0 has read the prompt and decodes
+        second = engine.stream(prompt, sampling=sampling)
+        slot = batcher.add(second, share_from=lambda i: True)
+        assert slot != 0 and engine.slot(slot).target.cached_ids == ids[:-1]
+        third = engine.stream(prompt, sampling=sampling)
+        other = batcher.add(third, share_from=lambda i: False)  # another tenant's slots: no sharing
+        while batcher.active:
+            batcher.step()
+        results = [g.result for g in (first, second, third)]
+        assert [r.stats.num_reused_tokens for r in results] == [0, len(ids) - 1, 0]
+        assert other not in (0, slot)
+        for r in results:
+            assert r.token_ids == alone
+        assert engine.slot(0).target.cached_ids[: len(ids)] == ids  # the source kept its cache
+    finally:
+        target.close()

@@ -155,6 +155,20 @@ class _SequenceOps:
         if len(ids):
             self._owner._decode_items([(self, ids, 0)])
 
+    def share_prefix(self, source: object, n: int) -> bool:
+        """Make this sequence's cache the first n cached positions of `source`, another sequence of
+        the same context (the KV cells are shared, not copied: the context's cache is unified).
+        False, changing nothing, when source is not such a sequence or holds fewer positions."""
+        if not isinstance(source, _SequenceOps) or source._owner is not self._owner or source is self:
+            return False
+        if not 0 < n <= len(source._ids):
+            return False
+        c, mem = self._owner._c, self._owner._mem
+        c.llama_memory_seq_rm(mem, self._seq_id, -1, -1)
+        c.llama_memory_seq_cp(mem, source._seq_id, self._seq_id, 0, n)
+        self._ids[:] = source._ids[:n]
+        return True
+
     def truncate(self, n_keep: int) -> None:
         if not 0 <= n_keep <= len(self._ids):
             raise BackendError(f"cannot truncate {len(self._ids)} cached positions to {n_keep}")

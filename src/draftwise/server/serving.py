@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from draftwise.batching import PREFILL_CHUNK, Batcher, Done, Emitted
 from draftwise.engine import Engine, Generation, Result
@@ -204,6 +205,10 @@ class Serving:
         job.push(Failed(JobCancelled(job.cancel_reason)))
         return True
 
+    def _same_tenant(self, tenant: int | None, slot: int) -> bool:
+        """Whether slot's cache was last filled by tenant's requests (or by none)."""
+        return self._cache_tenant.get(slot, tenant) == tenant
+
     def _claim(self, slot: int, job: Job) -> bool:
         """Whether job may see how much of its prompt the slot had cached (same tenant)."""
         visible = self._cache_tenant.get(slot, job.tenant) == job.tenant
@@ -253,7 +258,8 @@ class Serving:
                     continue
                 job.started_at = time.monotonic()
                 try:
-                    slot = batcher.add(job.generation)
+                    # a prompt prefix another slot holds is shared only within a tenant
+                    slot = batcher.add(job.generation, share_from=partial(self._same_tenant, job.tenant))
                 except Exception as exc:  # e.g. a drafter that cannot serve this slot
                     logger.exception("%s: could not start", job.id)
                     self.metrics.requests.labels(job.endpoint, "error").inc()
