@@ -119,6 +119,28 @@ def test_n_choices_greedy_equal_sampled_independent_and_streamed_with_indices(se
     assert [texts[i] for i in range(5)] == [ch.message.content for ch in sampled.choices]
 
 
+def test_best_of_returns_the_n_candidates_with_the_highest_mean_logprob(server2):
+    c = client(server2.url)
+    kwargs = dict(model=MODEL, prompt="tell", max_tokens=10, temperature=1.0, seed=3)
+    candidates = c.completions.create(**kwargs, n=6, logprobs=0)  # the same six candidates, all shown
+    assert len({ch.text for ch in candidates.choices}) > 2
+
+    def mean(choice):
+        return sum(choice.logprobs.token_logprobs) / len(choice.logprobs.token_logprobs)
+
+    ranked = sorted(range(6), key=lambda i: (-mean(candidates.choices[i]), i))
+    best = c.completions.create(**kwargs, n=2, best_of=6)
+    assert [ch.text for ch in best.choices] == [candidates.choices[i].text for i in ranked[:2]]
+    assert [ch.index for ch in best.choices] == [0, 1] and best.choices[0].logprobs is None  # not asked for
+    assert best.usage.completion_tokens == candidates.usage.completion_tokens  # every candidate counts
+    one = c.completions.create(**kwargs, best_of=6)
+    assert [ch.text for ch in one.choices] == [candidates.choices[ranked[0]].text]
+    for extra, why in (({"n": 3, "best_of": 2}, "at least n"), ({"best_of": 2, "stream": True}, "streamed")):
+        with pytest.raises(openai.BadRequestError, match=why) as caught:
+            c.completions.create(**{**kwargs, **extra})
+        assert caught.value.body["param"] == "best_of"
+
+
 def test_penalties_and_logit_bias_are_honoured(server2):
     c = client(server2.url)
     token = server2.engine.tokenizer.encode("q", add_special=False)[0]

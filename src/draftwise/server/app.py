@@ -94,9 +94,11 @@ def create_app(
         max_tokens: int | None = None,
         default_max_tokens: int | None = None,
         tools: ChatTools | None = None,
+        copies: int | None = None,
     ) -> list[Job]:
-        """Validate, tokenise and queue a request, one Job per choice (each prompt n times, see
-        server.choices); library errors become 4xx APIErrors (then no job stays queued).
+        """Validate, tokenise and queue a request, one Job per choice (each prompt `copies` times,
+        default n, see server.choices); library errors become 4xx APIErrors (then no job stays
+        queued). copies > n (completions' best_of): each answer's logprobs are kept for ranking.
 
         NOTE: everything that grows with the request (tokenising the prompt and the prediction,
         compiling the constraint) runs in a worker thread: on the event loop, one 12 MB
@@ -112,10 +114,13 @@ def create_app(
                     prepared = await asyncio.to_thread(
                         prepare, body, item, messages, max_tokens, default_max_tokens, tools
                     )
-                    for copy in range(body.n or 1):
+                    count_ = copies or body.n or 1
+                    for copy in range(count_):
                         sampling = dataclasses.replace(
                             prepared.sampling, seed=choices.choice_seed(prepared.sampling.seed, copy)
                         )
+                        if count_ > (body.n or 1) and sampling.logprobs is None:
+                            sampling = dataclasses.replace(sampling, logprobs=0)  # best_of ranks by them
                         job = Job(
                             job_id,
                             endpoint,
@@ -330,6 +335,12 @@ def create_app(
         responses={200: _STREAM_RESPONSE, **_ERROR_STATUSES},
     )
     async def completions(body: p.CompletionRequest, request: Request):
+        n, best_of = body.n or 1, body.best_of or body.n or 1
+        if best_of < n:
+            raise APIError(400, f"best_of ({best_of}) must be at least n ({n})", param="best_of", code="invalid_value")
+        if best_of > n and body.stream:
+            why = "best_of > n cannot be streamed (the best are known at the end)"
+            raise APIError(400, why, param="best_of", code="invalid_value")
         jobs = await start(
             body,
             request,
@@ -338,6 +349,7 @@ def create_app(
             prompt=body.prompt,
             max_tokens=body.max_tokens,
             default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS,
+            copies=best_of,
         )
         now, with_usage = int(time.time()), bool(body.stream_options and body.stream_options.include_usage)
         tokenizer, echoed = engine.tokenizer, set()
@@ -375,7 +387,7 @@ def create_app(
 
         def whole(done: list[Finished]) -> p.Completion:
             parts = []
-            for i, d in enumerate(done):
+            for i, d in enumerate(choices.best(done, best_of, n)):
                 result, text, entries = d.result, d.result.text, None
                 prompt_text = tokenizer.decode(result.prompt_ids) if body.echo else ""
                 if body.logprobs is not None:
@@ -390,9 +402,8 @@ def create_app(
                         index=i, text=prompt_text + text, finish_reason=_finish_reason(d), logprobs=entries
                     )
                 )
-            return p.Completion(
-                id=jobs[0].id, created=now, model=model_name, usage=_usage(done, body.n or 1), choices=parts
-            )
+            usage = _usage(done, best_of)  # every candidate's tokens
+            return p.Completion(id=jobs[0].id, created=now, model=model_name, usage=usage, choices=parts)
 
         return await stream_or_collect(
             jobs,

@@ -47,6 +47,25 @@ def choice_seed(seed: int | None, copy: int) -> int | None:
     return int(np.random.SeedSequence([seed, copy]).generate_state(1, np.uint64)[0])
 
 
+def best(done: Sequence[Any], best_of: int, n: int) -> list[Any]:
+    """Completions' best_of: of each prompt's best_of candidates (prompt-major), the n with the
+    highest mean logprob per token (OpenAI's "highest log probability per token"; an empty
+    answer counts 0), best first, ties in candidate order. best_of == n: done as it is."""
+    if best_of <= n:
+        return list(done)
+    picked = []
+    for start in range(0, len(done), best_of):
+        group = list(done[start : start + best_of])
+
+        def mean(d) -> float:
+            entries = d.result.logprobs or []
+            return sum(e.logprob for e in entries) / len(entries) if entries else 0.0
+
+        order = sorted(range(len(group)), key=lambda i: (-mean(group[i]), i))
+        picked += [group[i] for i in order[:n]]
+    return picked
+
+
 def _piece(tokenizer, token: int) -> str:
     return tokenizer.decode([token])
 

@@ -142,12 +142,13 @@ class CompletionRequest(_GenerationRequest):
         description="Text after the completion: fill in the middle with the model's "
         "FIM tokens (a model without them answers 400).",
     )
-    best_of: int | None = Field(None, description="Only 1 is supported.")
-
-    def unsupported(self) -> str | None:
-        if self.best_of not in (None, 1):
-            return "best_of"
-        return super().unsupported()
+    best_of: int | None = Field(
+        None,
+        ge=1,
+        le=128,
+        description="Candidates per prompt (>= n); the n with the highest mean token logprob are returned. "
+        "Not with stream when > n. usage counts every candidate's tokens.",
+    )
 
 
 # ---------------------------------------------------------------------- responses
