@@ -162,6 +162,7 @@ def test_divergence_gap_is_the_logprob_difference_in_plain_decodings_row():
     other = [*plain[:3], second, *plain[4:]]
     d = divergence(engine, prompt, list(plain), other)
     assert d["position"] == 3 and d["gap_nats"] == pytest.approx(row.top[0][1] - row.top[1][1], abs=1e-4)
+    assert d["reproduced"]
     assert divergence(engine, prompt, list(plain), list(plain[:4]))["note"]  # a prefix: it stopped earlier
 
 

@@ -378,9 +378,10 @@ def render_markdown(results: dict, plots: Sequence[str] = ()) -> str:
             "",
             "Where each differing answer leaves plain decoding's: the first differing token (position in the "
             "answer), plain decoding's token and the method's, and gap = logprob(plain's token) - logprob(the "
-            "method's) in plain decoding's single-row forward at that position, in nats (> top-20: the method's "
-            "token is not among the row's 20 most likely). A gap of a few hundredths is a near-tie that batched "
-            "verification's numerics can flip on llama.cpp; a large gap would be a bug.",
+            "method's) in plain decoding's own row at that position (plain decoding run again with logprobs), in "
+            "nats (> top-20: the method's token is not among the row's 20 most likely). A gap of a few "
+            "hundredths is a near-tie that batched verification's numerics can flip on llama.cpp; a large gap "
+            "would be a bug.",
             "",
             markdown_table(("question", "turn", "method", "position", "plain", "method's", "gap (nats)"), differences),
             "",

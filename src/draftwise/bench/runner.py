@@ -477,14 +477,15 @@ class BenchRunner:
         for r in records:
             r.pop("_token_ids", None)
             r.pop("_prompt_ids", None)
+            r.pop("_sampling", None)
         return records
 
     def _explain_differences(self, records: list[dict]) -> None:
         """For each greedy answer that differs from the baseline's, where and by how much: the
         first differing position, both tokens, and the gap between their logprobs in plain
-        decoding's row there (one single-row forward over the baseline's prefix, after the timed
-        runs). A gap of a few hundredths of a nat is a near-tie that batched numerics can flip
-        (DESIGN.md section 7); a large one would be a bug."""
+        decoding's row there (plain decoding run again with logprobs, after the timed
+        runs, see divergence()). A gap of a few hundredths of a nat is a near-tie that batched
+        numerics can flip (DESIGN.md section 7); a large one would be a bug."""
         base = {
             (r["turn"], r.get("constrained", False)): r
             for r in records
@@ -495,7 +496,9 @@ class BenchRunner:
             if r.get("identical_to_baseline") is not False or b is None or b.get("_prompt_ids") is None:
                 continue
             try:
-                r["divergence"] = divergence(self.engine, b["_prompt_ids"], b["_token_ids"], r["_token_ids"])
+                r["divergence"] = divergence(
+                    self.engine, b["_prompt_ids"], b["_token_ids"], r["_token_ids"], b.get("_sampling")
+                )
             except Exception as exc:  # an explanation must not end the run
                 r["divergence"] = {"error": f"{type(exc).__name__}: {exc}"}
 
@@ -545,29 +548,38 @@ class BenchRunner:
             "text": result.text,
             "_token_ids": list(result.token_ids),
             "_prompt_ids": list(prompt_ids) if prompt_ids is not None else engine.encode_prompt(messages=messages),
+            "_sampling": sampling,
         }
 
 
-def divergence(engine, prompt_ids: list[int], plain: list[int], other: list[int]) -> dict:
-    """Where answer `other` leaves `plain` (greedy plain decoding's) and the logprob gap there:
-    {"position", "plain_token", "other_token" (texts), "gap_nats": logprob(plain's token) -
-    logprob(other's) in plain decoding's row at that position (None: other's token is not among
-    the row's 20 most likely)}. Example: a gap of 0.02 is a near-tie."""
+def divergence(
+    engine, prompt_ids: list[int], plain: list[int], other: list[int], sampling: SamplingParams | None = None
+) -> dict:
+    """Where answer `other` leaves `plain` (greedy plain decoding's, under `sampling`'s
+    constraint) and the logprob gap there: {"position", "plain_token", "other_token" (texts),
+    "gap_nats": logprob(plain's token) - logprob(other's) in plain decoding's own row at that
+    position (None: other's token is not among the row's 20 most likely), "reproduced"}. The row
+    is plain decoding's own: plain decoding runs again, a token per forward from the cached
+    prompt as it first ran, with logprobs (reproduced: it gave the same tokens up to there).
+    Example: a gap of 0.02 is a near-tie."""
     i = next((j for j, (a, b) in enumerate(zip(plain, other)) if a != b), min(len(plain), len(other)))
     out: dict = {"position": i, "plain_token": None, "other_token": None, "gap_nats": None}
     if i >= len(plain) or i >= len(other):  # one answer is the other's prefix: it stopped earlier
         out["note"] = "one answer ends where the other goes on"
         return out
+    base = sampling or SamplingParams()
     probe = engine.generate(
-        prompt_ids=[*prompt_ids, *plain[:i]],
-        sampling=SamplingParams(max_tokens=1, logprobs=20, ignore_eos=True),
+        prompt_ids=prompt_ids,
+        sampling=replace(base, temperature=0.0, max_tokens=i + 1, logprobs=20, ignore_eos=True, stop=()),
         speculation=SpeculationConfig(enabled=False),
     )
-    row = dict(probe.logprobs[0].top) if probe.logprobs else {}
     decode = engine.tokenizer.decode
     out.update(plain_token=decode([plain[i]]), other_token=decode([other[i]]))
-    if plain[i] in row and other[i] in row:
-        out["gap_nats"] = round(row[plain[i]] - row[other[i]], 4)
+    out["reproduced"] = list(probe.token_ids[: i + 1]) == list(plain[: i + 1])
+    if probe.logprobs and len(probe.logprobs) > i:
+        row = dict(probe.logprobs[i].top)
+        if plain[i] in row and other[i] in row:
+            out["gap_nats"] = round(row[plain[i]] - row[other[i]], 4)
     return out
 
 
