@@ -1,7 +1,8 @@
 """Speed of tool-call answers: plain decoding against speculative (auto policy) decoding, both
 under the same tool constraint, greedy, on the default pair. --tool-choice required (default):
 the call's grammar from the first token; auto: the lazy grammar (Qwen2.5-Coder 1.5B answers these
-prompts with a ```json block rather than <tool_call>, so under auto it writes text, no calls).
+prompts with a ```json block rather than <tool_call>; the JSON-block pattern trigger takes such a
+block as calls).
 
 Prints per prompt the answer's tokens, decode tokens/s of each method, whether the answers are
 identical and whether the calls parse and validate; then the totals (tokens over decode time).
