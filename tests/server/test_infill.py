@@ -262,3 +262,29 @@ def test_another_client_does_not_supersede(fim_engine):
         for t in threads:
             t.join(30)
     assert len(results) == 2 and all(r["tokens_predicted"] == 64 and "superseded" not in r for r in results)
+
+
+def test_keystroke_replay_through_bench_serve(start_server, tmp_path):
+    """`draftwise bench-serve --keystrokes` against a live server: at typing speed a newer request
+    supersedes the running one; one after another, the warm cache is reused and the cold
+    requests (a unique first chunk each) reuse nothing after the prompt's fixed opening."""
+    from click.testing import CliRunner
+
+    from draftwise.cli import main
+
+    live = start_server(slow_fim_engine(0.01))
+    out = tmp_path / "keys"
+    args = ["--keystrokes", "--sessions", "2", "--chars", "6", "--every", "2", "--char-ms", "5"]
+    args += ["--prefix-lines", "6", "--suffix-lines", "3", "--max-tokens", "24", "--out", str(out)]
+    result = CliRunner().invoke(main, ["bench-serve", "--url", live.url, *args])
+    assert result.exit_code == 0, result.output
+    results = json.loads((out / "results.json").read_text())
+    summary = {s["mode"]: s for s in results["summary"]}
+    assert {s["requests"] for s in summary.values()} == {6} and all(s["errors"] == 0 for s in summary.values())
+    assert summary["typing"]["superseded"] >= 1 and summary["typing"]["answered"] >= 2  # each session's last answers
+    assert summary["warm"]["superseded"] == summary["cold"]["superseded"] == 0
+    # cold: only the prompt's fixed opening (the repo header before the first chunk) is reused
+    assert summary["cold"]["median_cache_n"] < summary["warm"]["median_cache_n"] / 4
+    assert summary["warm"]["median_prompt_n"] < summary["cold"]["median_prompt_n"]
+    report = (out / "report.md").read_text()
+    assert "| typing |" in report and "Warm median latency / cold" in report

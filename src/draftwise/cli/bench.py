@@ -303,6 +303,41 @@ def _print_bench_tables(results: dict) -> None:
     help="Only compare RESULTS (bench-serve --out directories or results.json "
     "files), the first as the reference; writes --out/compare.md.",
 )
+@click.option(
+    "--keystrokes",
+    is_flag=True,
+    help="Instead of chat load: replay users typing code, /infill requests as llama.vim sends them, at "
+    "typing speed (each superseding the last), one after another, and with nothing cached "
+    "(bench/keystrokes.py). Sessions come from the fim suite.",
+)
+@click.option("--sessions", type=click.IntRange(1, 28), default=3, show_default=True, help="--keystrokes: sessions.")
+@click.option(
+    "--chars", type=click.IntRange(2, 200), default=20, show_default=True, help="--keystrokes: characters typed."
+)
+@click.option(
+    "--every", type=click.IntRange(1, 50), default=2, show_default=True, help="--keystrokes: characters per request."
+)
+@click.option(
+    "--char-ms",
+    type=click.FloatRange(min=0),
+    default=100.0,
+    show_default=True,
+    help="--keystrokes: ms per typed character.",
+)
+@click.option(
+    "--prefix-lines",
+    type=click.IntRange(1, 4096),
+    default=256,
+    show_default=True,
+    help="--keystrokes: lines above the cursor sent (llama.vim's n_prefix).",
+)
+@click.option(
+    "--suffix-lines",
+    type=click.IntRange(0, 4096),
+    default=64,
+    show_default=True,
+    help="--keystrokes: lines below sent (llama.vim's n_suffix).",
+)
 @friendly_errors
 def bench_serve(
     compare_dirs,
@@ -319,6 +354,13 @@ def bench_serve(
     label,
     out_dir,
     compare,
+    keystrokes,
+    sessions,
+    chars,
+    every,
+    char_ms,
+    prefix_lines,
+    suffix_lines,
 ) -> None:
     """Load-test an OpenAI-compatible server: C streaming clients per level; tok/s, TTFT and latency percentiles.
 
@@ -360,6 +402,30 @@ def bench_serve(
             # command: [python, -m, draftwise.cli, serve, ...]
             meta["serve_command"] = shlex.join(["draftwise", *load.redact_api_keys(started.command[3:])])
             click.echo(f"started {meta['serve_command']} at {started.url}", err=True)
+        if keystrokes:
+            from draftwise.bench import keystrokes as ks
+
+            typing = ks.sessions_from(load_suite("fim"), sessions, chars, prefix_lines, suffix_lines)
+
+            def typed(mode, session, got) -> None:
+                lat = ", ".join(f"{1000 * r.latency_s:.0f}" + ("s" if r.superseded else "") for r in got)
+                click.echo(f"{mode} {session.name}: {lat} ms (s: superseded)", err=True)
+
+            results = ks.run_keystrokes(
+                url or started.url,
+                typing,
+                every=every,
+                char_ms=char_ms,
+                n_predict=max_tokens,
+                timeout_s=timeout_s,
+                api_key=api_key,
+                meta=meta,
+                progress=typed,
+            )
+            report = ks.write_outputs(results, out)
+            click.echo(f"results: {out / 'results.json'}\nreport: {report}", err=True)
+            click.echo(ks.markdown(results))
+            return
 
         def say(s: dict) -> None:
             click.echo(

@@ -1,0 +1,284 @@
+"""Keystroke replay for `draftwise bench-serve --keystrokes`: users typing code, as editors ask for it.
+
+A session types the first line of a `fim` suite cut (the removed text) into its file: an /infill
+request every `every` characters, as llama.vim builds it (input_prefix: the lines above, prompt:
+the typed part of the line, input_suffix: the lines after, n_indent, the editor's sampling
+chain, t_max_prompt_ms / t_max_predict_ms). Three modes send the same requests:
+
+- typing: at typing speed (a request every `every * char_ms` ms, whether or not the previous one
+  has answered), each on a new connection from the same client, so a server that supersedes (draftwise)
+  cancels the running one; latency counts the requests that were not superseded.
+- warm: one after another, the cache kept between them (what a slot's cache buys).
+- cold: one after another, each with a unique first extra-context chunk, so no server can reuse
+  anything of the prompt after its fixed opening (the FIM prompt's repo header): the same
+  requests with the cache cleared before each.
+
+Works against any server with llama.cpp's /infill (draftwise serve, llama-server).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import httpx
+
+from draftwise.bench.load import LoadError, _error_message
+from draftwise.bench.prompts import Prompt
+
+FORMAT = "draftwise-bench-keystrokes/1"
+MODES = ("typing", "warm", "cold")
+EXTRA = {"filename": "notes.txt", "text": "Project notes: keep functions short and name things plainly.\n"}
+
+
+@dataclass(frozen=True)
+class Session:
+    """One typing session: `typed` is typed after `indent` on a new line between `above` and `below`."""
+
+    name: str
+    above: str
+    indent: str
+    typed: str
+    below: str
+
+
+@dataclass(frozen=True)
+class KeystrokeRecord:
+    mode: str
+    session: str
+    typed: int  # characters typed when the request was sent
+    ok: bool
+    status: int | None
+    error: str | None
+    superseded: bool
+    latency_s: float
+    prompt_n: int | None  # prompt tokens the server read (llama.cpp's timings)
+    cache_n: int | None  # prompt tokens it reused
+    predicted_n: int | None
+
+
+def sessions_from(
+    prompts: Sequence[Prompt], num: int, chars: int, prefix_lines: int, suffix_lines: int
+) -> list[Session]:
+    """Sessions from fim cuts: the first line of each cut's removed text (at most `chars` of it
+    after its indentation) is typed; the lines above and below are cut to llama.vim's window."""
+    out = []
+    for p in prompts:
+        if p.suffix is None or not isinstance(p.reference, str) or not p.reference.strip():
+            continue
+        first, _, rest = p.reference.partition("\n")
+        indent = first[: len(first) - len(first.lstrip())]
+        typed = first[len(indent) :][:chars]
+        if len(typed) < 2:
+            continue
+        above = "".join(p.turns[0].splitlines(keepends=True)[-prefix_lines:])
+        below = "".join((rest + p.suffix).splitlines(keepends=True)[:suffix_lines])
+        out.append(Session(str(p.question_id), above, indent, typed, below))
+        if len(out) == num:
+            break
+    return out
+
+
+def request_body(session: Session, n: int, *, n_predict: int, cold: bool) -> dict:
+    """The /infill body after n typed characters, as llama.vim sends it (its default sampling)."""
+    extra = [EXTRA]
+    if cold:  # a unique first chunk: nothing after the prompt's fixed opening can come from a cache
+        extra = [{"filename": f"cold-{uuid.uuid4().hex}.txt", "text": uuid.uuid4().hex + "\n"}, EXTRA]
+    return {
+        "input_prefix": session.above,
+        "input_suffix": "\n" + session.below,
+        "input_extra": extra,
+        "prompt": session.indent + session.typed[:n],
+        "n_predict": n_predict,
+        "n_indent": len(session.indent),
+        "top_k": 40,
+        "top_p": 0.99,
+        "stream": False,
+        "samplers": ["top_k", "top_p", "infill"],
+        "cache_prompt": True,
+        "t_max_prompt_ms": 500,
+        "t_max_predict_ms": 1000,
+    }
+
+
+async def _send(client: httpx.AsyncClient, url: str, body: dict, mode: str, session: str, n: int, headers: dict):
+    t0 = time.perf_counter()
+    try:
+        # a connection per request, as llama.vim's curl jobs
+        r = await client.post(f"{url}/infill", json=body, headers={**headers, "Connection": "close"})
+    except httpx.HTTPError as exc:
+        error = f"{type(exc).__name__}: {exc}"
+        return KeystrokeRecord(mode, session, n, False, None, error, False, time.perf_counter() - t0, None, None, None)
+    latency = time.perf_counter() - t0
+    if r.status_code != 200:
+        error = _error_message(r.content)
+        return KeystrokeRecord(mode, session, n, False, r.status_code, error, False, latency, None, None, None)
+    answer = r.json()
+    answer = answer[0] if isinstance(answer, list) else answer
+    timings = answer.get("timings") or {}
+    return KeystrokeRecord(
+        mode,
+        session,
+        n,
+        True,
+        200,
+        None,
+        bool(answer.get("superseded")),
+        latency,
+        timings.get("prompt_n"),
+        timings.get("cache_n"),
+        timings.get("predicted_n"),
+    )
+
+
+async def _replay(
+    url: str, session: Session, mode: str, *, every: int, char_ms: float, n_predict: int, timeout_s: float, headers
+) -> list[KeystrokeRecord]:
+    points = list(range(every, len(session.typed) + 1, every)) or [len(session.typed)]
+    async with httpx.AsyncClient(timeout=timeout_s) as client:
+        if mode != "typing":
+            out = []
+            for n in points:
+                body = request_body(session, n, n_predict=n_predict, cold=mode == "cold")
+                out.append(await _send(client, url, body, mode, session.name, n, headers))
+            return out
+        tasks = []
+        for i, n in enumerate(points):
+            if i:
+                await asyncio.sleep(every * char_ms / 1000)
+            body = request_body(session, n, n_predict=n_predict, cold=False)
+            tasks.append(asyncio.ensure_future(_send(client, url, body, mode, session.name, n, headers)))
+        return list(await asyncio.gather(*tasks))
+
+
+def summarize(records: Sequence[KeystrokeRecord], mode: str) -> dict:
+    """Per mode: requests, errors, superseded, and over the answered ones (not superseded) the
+    median and p95 latency (ms), median prompt tokens read and reused."""
+    mine = [r for r in records if r.mode == mode]
+    done = [r for r in mine if r.ok and not r.superseded]
+    lat = sorted(1000 * r.latency_s for r in done)
+
+    def median(values):
+        values = [v for v in values if v is not None]
+        return statistics.median(values) if values else None
+
+    return {
+        "mode": mode,
+        "requests": len(mine),
+        "errors": sum(not r.ok for r in mine),
+        "superseded": sum(r.superseded for r in mine),
+        "answered": len(done),
+        "median_ms": round(statistics.median(lat), 1) if lat else None,
+        "p95_ms": round(lat[min(len(lat) - 1, int(0.95 * len(lat)))], 1) if lat else None,
+        "median_prompt_n": median(r.prompt_n for r in done),
+        "median_cache_n": median(r.cache_n for r in done),
+    }
+
+
+def run_keystrokes(
+    url: str,
+    sessions: Sequence[Session],
+    *,
+    every: int = 2,
+    char_ms: float = 100.0,
+    n_predict: int = 64,
+    timeout_s: float = 600.0,
+    api_key: str | None = None,
+    meta: dict | None = None,
+    progress=None,
+) -> dict:
+    """Replay every session in each mode (typing, warm, cold); returns the results dict."""
+    if not sessions:
+        raise LoadError("no typing session: the prompts hold no fill-in-the-middle cut with removed text")
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:  # one request first, so loading and calibration are in no mode's figures
+        body = request_body(sessions[0], 1, n_predict=1, cold=False)
+        probe = httpx.post(f"{url}/infill", json=body, headers=headers, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise LoadError(f"cannot reach {url}/infill: {exc}") from None
+    if probe.status_code != 200:
+        raise LoadError(f"{url}/infill answered {probe.status_code}: {_error_message(probe.content)}")
+    records: list[KeystrokeRecord] = []
+    for mode in MODES:
+        for session in sessions:
+            replay = _replay(
+                url,
+                session,
+                mode,
+                every=every,
+                char_ms=char_ms,
+                n_predict=n_predict,
+                timeout_s=timeout_s,
+                headers=headers,
+            )
+            got = asyncio.run(replay)
+            records += got
+            if progress:
+                progress(mode, session, got)
+    return {
+        "format": FORMAT,
+        "meta": {
+            **(meta or {}),
+            "url": url,
+            "every": every,
+            "char_ms": char_ms,
+            "n_predict": n_predict,
+            "sessions": [{"name": s.name, "typed": s.typed, "indent": len(s.indent)} for s in sessions],
+            "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        },
+        "summary": [summarize(records, mode) for mode in MODES],
+        "records": [asdict(r) for r in records],
+    }
+
+
+def markdown(results: dict) -> str:
+    meta = results["meta"]
+    rows = [
+        "| mode | requests | answered | superseded | errors | median ms | p95 ms | prompt tokens read | reused |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in results["summary"]:
+        rows.append(
+            f"| {s['mode']} | {s['requests']} | {s['answered']} | {s['superseded']} | {s['errors']} | "
+            f"{s['median_ms']} | {s['p95_ms']} | {s['median_prompt_n']} | {s['median_cache_n']} |"
+        )
+    by_mode = {s["mode"]: s for s in results["summary"]}
+    ratio = ""
+    if by_mode["warm"]["median_ms"] and by_mode["cold"]["median_ms"]:
+        ratio = (
+            f"\nWarm median latency / cold: **{by_mode['warm']['median_ms'] / by_mode['cold']['median_ms']:.2f}**"
+            f" (typing: {by_mode['typing']['median_ms'] / by_mode['cold']['median_ms']:.2f}).\n"
+            if by_mode["typing"]["median_ms"]
+            else ""
+        )
+    return "\n".join(
+        [
+            "# Keystroke replay (/infill)",
+            "",
+            f"Server {meta['url']}; {len(meta['sessions'])} sessions, a request every {meta['every']} characters "
+            f"({meta['every'] * meta['char_ms']:.0f} ms apart when typing), n_predict {meta['n_predict']}. "
+            "typing: at typing speed, a newer request supersedes the running one; warm: one after another, cache "
+            "kept; cold: one after another, nothing reusable. Latency counts answered requests (not superseded); "
+            "prompt tokens read / reused are the server's timings (medians).",
+            "",
+            *rows,
+            ratio,
+            f"Command: `{meta.get('command', '')}`",
+            "",
+        ]
+    )
+
+
+def write_outputs(results: dict, out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    report = out / "report.md"
+    report.write_text(markdown(results))
+    return report
