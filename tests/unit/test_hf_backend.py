@@ -366,3 +366,29 @@ def test_constrained_greedy_on_transformers(gguf_pair, drafter):
     )
     assert re.fullmatch(r"the (cat|dog)(, the (cat|dog)){2,4}\.", plain.text), plain.text
     assert spec.token_ids == plain.token_ids and spec.stats.num_forced_tokens > 0
+
+
+def test_float32_logprobs_under_speculation_equal_plain_decodings():
+    """Logprobs (the chosen token's and the top 5) of a speculative answer on a float32 model:
+    plain decoding's within 1e-5, token by token (rows of verification batches against one-row
+    steps). The output layer is scaled to logits of a trained model's size (the random one's
+    reach the hundreds, where float32 rounding alone moves a logprob by 1e-5)."""
+    target32 = tiny_qwen2(seed=0, dtype=torch.float32)
+    with torch.no_grad():
+        target32.lm_head.weight.mul_(0.2)
+    draft32 = perturbed(target32, noise=0.004)
+    engine = Engine(
+        HFBackend.from_model(target32, name="target32"),
+        [ModelDrafter(HFBackend.from_model(draft32, name="draft32"), name="draft")],
+    )
+    sampling = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, logprobs=5)
+    plain = engine.generate(prompt_ids=PROMPT, sampling=sampling, speculation=PLAIN)
+    spec = engine.generate(
+        prompt_ids=PROMPT, sampling=sampling, speculation=SpeculationConfig(policy="fixed", max_draft_tokens=4)
+    )
+    assert 0 < spec.stats.num_accepted < spec.stats.num_drafted and spec.token_ids == plain.token_ids
+    assert len(spec.logprobs) == len(plain.logprobs) == 24
+    for a, b in zip(spec.logprobs, plain.logprobs):
+        assert a.token == b.token and abs(a.logprob - b.logprob) < 1e-5
+        assert [t for t, _ in a.top] == [t for t, _ in b.top]
+        np.testing.assert_allclose([lp for _, lp in a.top], [lp for _, lp in b.top], rtol=0, atol=1e-5)
