@@ -145,17 +145,24 @@ class Batcher:
             return length
         return keep
 
-    def step(self) -> list[Event]:
-        """One forward for every active request: cancellations, prefill chunks, speculative
-        steps; returns what happened (text, finished requests, failures). A request whose step
-        fails ends alone; only a failed shared forward ends every request in it."""
+    def reap(self) -> list[Event]:
+        """End the cancelled requests now (their slots free, their caches kept): called before
+        admitting new ones, a request that supersedes another takes the slot holding its cache."""
         events: list[Event] = []
         with self.engine.lock:
-            t_step = time.perf_counter()
             for a in list(self.active):
                 if a.request.cancelled is not None and a.request.cancelled():
                     a.request.stats.finish_reason = "cancelled"
                     self._finish(a, events)
+        return events
+
+    def step(self) -> list[Event]:
+        """One forward for every active request: cancellations, prefill chunks, speculative
+        steps; returns what happened (text, finished requests, failures). A request whose step
+        fails ends alone; only a failed shared forward ends every request in it."""
+        events: list[Event] = self.reap()
+        with self.engine.lock:
+            t_step = time.perf_counter()
             decoding = [a for a in self.active if not a.pending]
             prefills, budget = [], self.prefill_chunk
             for a in self.active:  # arrival order: the earliest prompt is filled first

@@ -154,6 +154,27 @@ def test_cancelled_request_leaves_the_others_untouched():
     assert [g.result.token_ids for g in [*gens, third]] == expected
 
 
+def test_a_superseding_request_takes_the_cancelled_requests_slot_and_cache():
+    """reap() ends cancelled requests before new ones are admitted: an editor's next keystroke
+    (the same file, one more character) goes to the slot holding the superseded request's cache."""
+    engine = make_engine(2)
+    batcher = Batcher(engine)
+    flag = {"stop": False}
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
+    old = stream(engine, prompt, 200, (), SpeculationConfig(enabled=False), None, None, cancelled=lambda: flag["stop"])
+    assert batcher.add(old) == 0
+    batcher.step()
+    flag["stop"] = True
+    done = [e for e in batcher.reap() if isinstance(e, Done)]
+    assert [e.generation for e in done] == [old] and old.result.finish_reason == "cancelled"
+    assert batcher.num_free == 2 and batcher.reap() == []
+    new = stream(engine, [*prompt, 13], 5, (), SpeculationConfig(enabled=False), None, None)
+    assert batcher.add(new) == 0  # the slot whose cache holds the prompt
+    while batcher.active:
+        batcher.step()
+    assert new.result.stats.num_reused_tokens >= len(prompt) - 1  # the cached prompt (its last token with the step)
+
+
 def test_no_cross_talk_between_sequences():
     engine = make_engine(3)
     batcher = Batcher(engine, prefill_chunk=4)

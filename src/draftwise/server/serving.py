@@ -234,6 +234,24 @@ class Serving:
         )
         job.push(Finished(result, cache_visible, job.predicted))
 
+    def _route(self, events: list, jobs: dict[int, tuple[Job, bool]]) -> None:
+        """Hand the Batcher's events to their jobs (text, the end, a failure)."""
+        for event in events:
+            job, cache_visible = jobs[id(event.generation)]
+            if isinstance(event, Emitted):
+                if job.first_piece_at is None:
+                    job.first_piece_at = time.monotonic()
+                job.push(Piece(event.text, event.logprobs))
+                continue
+            del jobs[id(event.generation)]
+            self.running = {s: j for s, j in self.running.items() if j is not job}
+            if isinstance(event, Done):
+                self._finished(job, event.result, cache_visible)
+            else:
+                logger.error("%s: generation failed: %s", job.id, type(event.error).__name__)
+                self.metrics.requests.labels(job.endpoint, "error").inc()
+                job.push(Failed(event.error))
+
     def _work(self) -> None:
         """Continuous batching: admit queued jobs into free slots between steps, step, route events.
         With one slot nothing else can be decoding, so a prompt is read whole."""
@@ -242,6 +260,9 @@ class Serving:
         jobs: dict[int, tuple[Job, bool]] = {}  # id(generation) -> (job, cache visible)
         stopping = False
         while not (stopping and not batcher.active):
+            # Cancelled requests (a client gone, an editor's request superseded) leave before new
+            # ones are admitted: the newcomer can take the slot that holds its cache.
+            self._route(batcher.reap(), jobs)
             while batcher.num_free and not stopping:
                 try:  # wait for work only when there is nothing to step
                     job = self._queue.get(block=not batcher.active)
@@ -275,21 +296,7 @@ class Serving:
                 logger.exception("unexpected failure in a batched step")
                 events = batcher.fail(None, RuntimeError("internal error"))
             self.metrics.batch_rows.observe(batcher.last_rows)
-            for event in events:
-                job, cache_visible = jobs[id(event.generation)]
-                if isinstance(event, Emitted):
-                    if job.first_piece_at is None:
-                        job.first_piece_at = time.monotonic()
-                    job.push(Piece(event.text, event.logprobs))
-                    continue
-                del jobs[id(event.generation)]
-                self.running = {s: j for s, j in self.running.items() if j is not job}
-                if isinstance(event, Done):
-                    self._finished(job, event.result, cache_visible)
-                else:
-                    logger.error("%s: generation failed: %s", job.id, type(event.error).__name__)
-                    self.metrics.requests.labels(job.endpoint, "error").inc()
-                    job.push(Failed(event.error))
+            self._route(events, jobs)
         while not self._queue.empty():  # answer whatever arrived during shutdown
             job = self._queue.get_nowait()
             if job is not None:
