@@ -312,6 +312,12 @@ def _print_bench_tables(results: dict) -> None:
 )
 @click.option("--sessions", type=click.IntRange(1, 28), default=3, show_default=True, help="--keystrokes: sessions.")
 @click.option(
+    "--modes",
+    default="typing,warm,cold",
+    show_default=True,
+    help="--keystrokes: which replays (typing: at typing speed, superseding; warm; cold).",
+)
+@click.option(
     "--chars", type=click.IntRange(2, 200), default=20, show_default=True, help="--keystrokes: characters typed."
 )
 @click.option(
@@ -356,6 +362,7 @@ def bench_serve(
     compare,
     keystrokes,
     sessions,
+    modes,
     chars,
     every,
     char_ms,
@@ -421,6 +428,7 @@ def bench_serve(
                 api_key=api_key,
                 meta=meta,
                 progress=typed,
+                modes=[m.strip() for m in modes.split(",") if m.strip()],
             )
             report = ks.write_outputs(results, out)
             click.echo(f"results: {out / 'results.json'}\nreport: {report}", err=True)
