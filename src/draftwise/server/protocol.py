@@ -125,9 +125,6 @@ class ChatCompletionRequest(_GenerationRequest):
     )
     parallel_tool_calls: bool | None = Field(None, description="false: at most one call (default true).")
 
-    def unsupported(self) -> str | None:
-        return super().unsupported()
-
 
 TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 
