@@ -49,6 +49,8 @@ class Emitted:
     generation: Generation
     text: str
     logprobs: tuple = ()  # TokenLogprobs of the tokens this text completes (when the request asks)
+    # The prompt's TokenLogprobs (tokens 2..), with a request's first text when it asks for them.
+    prompt_logprobs: tuple | None = None
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,7 @@ class _Active:
     request: Request
     pending: list[int]  # prompt tokens not yet in the slot's cache (prefill still to run)
     admitted_at: float = field(default_factory=time.perf_counter)
+    prompt_sent: bool = False  # its prompt logprobs went out (with its first text)
 
 
 class Batcher:
@@ -212,7 +215,7 @@ class Batcher:
             for a, piece, context in pushed:
                 a.request.stats.record_time(result.phase_ms, step_ms, result.rows, context)
                 if piece:
-                    events.append(Emitted(a.generation, piece, tuple(a.request.take_logprobs())))
+                    events.append(self._emitted(a, piece, tuple(a.request.take_logprobs())))
                 if a.request.stats.finish_reason:
                     self._finish(a, events)
         return events
@@ -236,10 +239,17 @@ class Batcher:
         piece = self.engine.finish(a.request)
         rest = tuple(a.request.take_logprobs(final=True))
         if piece or rest:
-            events.append(Emitted(a.generation, piece, rest))
+            events.append(self._emitted(a, piece, rest))
         a.generation.result = a.request.result
         self._release(a)
         events.append(Done(a.generation, a.request.result))
+
+    def _emitted(self, a: _Active, piece: str, logprobs: tuple) -> Emitted:
+        """An Emitted event; a request's first carries its prompt's logprobs if it asked for them."""
+        prompt = None
+        if a.request.sampling.prompt_logprobs is not None and not a.prompt_sent:
+            prompt, a.prompt_sent = tuple(a.request.prompt_logprobs), True
+        return Emitted(a.generation, piece, logprobs, prompt)
 
     def _release(self, a: _Active) -> None:
         self.active.remove(a)

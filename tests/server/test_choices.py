@@ -82,6 +82,25 @@ def test_echo_scores_the_prompt_with_max_tokens_0_and_1(server2):
         assert all(len(top) == 1 for top in lp["top_logprobs"][1:])
 
 
+@pytest.mark.parametrize("max_tokens", [0, 8])
+def test_streamed_echo_carries_the_prompts_logprobs_as_the_whole_answer_does(server2, max_tokens):
+    c = client(server2.url)
+    kwargs = dict(model=MODEL, prompt="hello world", echo=True, logprobs=2, max_tokens=max_tokens, temperature=0)
+    whole = c.completions.create(**kwargs).choices[0]
+    text, lp = "", {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for chunk in c.completions.create(**kwargs, stream=True, extra_body=SPEC):
+        for choice in chunk.choices:
+            text += choice.text
+            if choice.logprobs:
+                for key in lp:
+                    lp[key] += getattr(choice.logprobs, key)
+    assert text == whole.text and text.startswith("hello world")
+    assert lp["tokens"] == whole.logprobs.tokens and lp["text_offset"] == whole.logprobs.text_offset
+    assert lp["token_logprobs"][0] is None
+    np.testing.assert_allclose(lp["token_logprobs"][1:], whole.logprobs.token_logprobs[1:], atol=1e-9)
+    assert lp["top_logprobs"][1:] == whole.logprobs.top_logprobs[1:]
+
+
 def test_several_prompts_and_token_id_prompts_give_several_choices(server2):
     c = client(server2.url)
     texts = ["abc", "xyz", "hello"]

@@ -352,7 +352,7 @@ def create_app(
             copies=best_of,
         )
         now, with_usage = int(time.time()), bool(body.stream_options and body.stream_options.include_usage)
-        tokenizer, echoed = engine.tokenizer, set()
+        tokenizer, echoed, sent = engine.tokenizer, set(), {}
 
         def chunk(
             index: int,
@@ -370,20 +370,37 @@ def create_app(
                 p.Completion(id=jobs[0].id, created=now, model=model_name, choices=parts, usage=usage), with_usage
             )
 
-        def echo(index: int) -> str:
-            """The prompt's text, once, before a streamed choice's first text (its logprobs come
-            with the answer: a stream sends the prompt before it is read)."""
+        def echo(index: int, prompt_logprobs) -> tuple[str, dict | None]:
+            """The prompt's text and (if asked) logprobs, once, with a streamed choice's first
+            text (the first prompt token has none)."""
             if not body.echo or index in echoed:
-                return ""
+                return "", None
             echoed.add(index)
-            return tokenizer.decode(jobs[index].prompt_ids)
-
-        def text_chunk(index: int, piece: Piece) -> str:
+            ids = jobs[index].prompt_ids
             entries = None
             if body.logprobs is not None:
+                rows = [None, *(prompt_logprobs or ())]
+                entries = choices.completion_logprobs(tokenizer, rows, ids, body.logprobs)
+            return tokenizer.decode(ids), entries
+
+        def joined(head: dict | None, tail: dict | None) -> dict | None:
+            if head is None or tail is None:
+                return head or tail
+            return {key: head[key] + tail[key] for key in head}
+
+        def text_chunk(index: int, piece: Piece) -> str:
+            prefix, head = echo(index, piece.prompt_logprobs)
+            entries = None
+            start = sent.get(index, 0) + len(prefix)  # text_offset counts from the choice's first text
+            if body.logprobs is not None:
                 tokens = [e.token for e in piece.logprobs]
-                entries = choices.completion_logprobs(tokenizer, piece.logprobs, tokens, body.logprobs)
-            return chunk(index, echo(index) + piece.text, entries=entries)
+                entries = choices.completion_logprobs(tokenizer, piece.logprobs, tokens, body.logprobs, offset=start)
+            sent[index] = start + len(piece.text)
+            return chunk(index, prefix + piece.text, entries=joined(head, entries))
+
+        def final_chunk(index: int, done: Finished) -> str:
+            prefix, head = echo(index, done.result.prompt_logprobs)  # an answer without text
+            return chunk(index, prefix, _finish_reason(done), entries=head)
 
         def whole(done: list[Finished]) -> p.Completion:
             parts = []
@@ -411,7 +428,7 @@ def create_app(
             request,
             opening=None,
             text_chunk=text_chunk,
-            final_chunk=lambda i, done: chunk(i, echo(i), _finish_reason(done)),
+            final_chunk=final_chunk,
             usage_chunk=lambda usage: chunk(0, None, usage=usage),
             whole=whole,
         )

@@ -33,6 +33,7 @@ logger = logging.getLogger("draftwise.server")
 class Piece:
     text: str
     logprobs: tuple = ()  # the TokenLogprobs of the tokens this text completes (when asked)
+    prompt_logprobs: tuple | None = None  # the prompt's, with a request's first piece (when asked)
 
 
 @dataclass(frozen=True)
@@ -241,7 +242,7 @@ class Serving:
             if isinstance(event, Emitted):
                 if job.first_piece_at is None:
                     job.first_piece_at = time.monotonic()
-                job.push(Piece(event.text, event.logprobs))
+                job.push(Piece(event.text, event.logprobs, event.prompt_logprobs))
                 continue
             del jobs[id(event.generation)]
             self.running = {s: j for s, j in self.running.items() if j is not job}
