@@ -196,7 +196,11 @@ class Batcher:
             self.last_rows = result.rows
             if result.forward_error is not None:
                 events += self.fail([a for a, _ in prefills], result.forward_error)
-            for a, chunk in prefills if result.forward_error is None else ():
+            for j, error in result.prefill_errors.items():
+                events += self.fail([prefills[j][0]], error)
+            for j, (a, chunk) in enumerate(prefills if result.forward_error is None else ()):
+                if j in result.prefill_errors:
+                    continue
                 del a.pending[: len(chunk)]
                 if not a.pending:
                     now = time.perf_counter()

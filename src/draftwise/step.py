@@ -80,6 +80,8 @@ class StepResult:
     outcomes: list[Outcome]  # per request, in the order given
     rows: int = 0  # target rows in the forward (0: none ran)
     forward_error: Exception | None = None  # the shared forward failed: every item in it ends
+    # Prefills whose prompt could not be scored (by index in `prefills`): those requests end alone.
+    prefill_errors: dict[int, Exception] = field(default_factory=dict)
     # Milliseconds per phase (force, plan, draft, forward, verify, commit, and masks: the grammar
     # masks computed while forcing and verifying, taken out of those two): the time account.
     phase_ms: dict[str, float] = field(default_factory=dict)
@@ -153,12 +155,12 @@ def step(
     try:
         with clock("forward") as lap:
             logits = forward(target, [(reqs[i], d) for i, d in drafted.items()], prefills)
-        score_prompts(prefills, logits[len(drafted) :])
-        logits = logits[: len(drafted)]
     except Exception as exc:  # a shared act: no one request to blame
         for i in drafted:
             out[i] = exc
         return StepResult(out, forward_error=exc, phase_ms=dict(clock.ms))
+    prefill_errors = score_prompts(prefills, logits[len(drafted) :])
+    logits = logits[: len(drafted)]
     fwd = Forward(lap.ms, rows, len(drafted) + len(prefills) > 1)
     if fwd.batched and target_time is not None:
         target_time.observe(rows, fwd.ms)  # the shared forward, once at its total rows
@@ -169,7 +171,7 @@ def step(
         committed = _each(out, verified, lambda i, v: commit(reqs[i], v, fwd, len(drafted)))
     for i, tokens in committed.items():
         out[i] = tokens
-    return StepResult(out, rows, phase_ms=dict(clock.ms))
+    return StepResult(out, rows, phase_ms=dict(clock.ms), prefill_errors=prefill_errors)
 
 
 def _each(out: list[Outcome], items: dict[int, T], phase: Callable[[int, T], U]) -> dict[int, U]:
@@ -274,15 +276,21 @@ def forward(
     return extend_batch(target, items)
 
 
-def score_prompts(prefills: Sequence[Prefill], logits: Sequence[np.ndarray]) -> None:
+def score_prompts(prefills: Sequence[Prefill], logits: Sequence[np.ndarray]) -> dict[int, Exception]:
     """4b. Prompt logprobs (echo): a chunk's rows score the prompt tokens after its own ones.
-    Changes req.prompt_logprobs (one entry per prompt token after the first)."""
-    for item, rows in zip(prefills, logits):
+    Changes req.prompt_logprobs (one entry per prompt token after the first). Returns the
+    errors by prefill index: a prompt that cannot be scored ends its own request alone."""
+    errors: dict[int, Exception] = {}
+    for j, (item, rows) in enumerate(zip(prefills, logits)):
         if _scored(item):
             req = item[2]
-            start = len(req.prompt_logprobs) + 1  # the first prompt token has no logprob
-            following = req.prompt_ids[start : start + len(item[1])]
-            req.prompt_logprobs.extend(logprobs(rows, following, req.sampling.prompt_logprobs))
+            try:
+                start = len(req.prompt_logprobs) + 1  # the first prompt token has no logprob
+                following = req.prompt_ids[start : start + len(item[1])]
+                req.prompt_logprobs.extend(logprobs(rows, following, req.sampling.prompt_logprobs))
+            except Exception as exc:
+                errors[j] = exc
+    return errors
 
 
 def verify(req: Request, drafted: Drafted, logits: np.ndarray) -> Verified:

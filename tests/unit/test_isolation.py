@@ -148,6 +148,31 @@ def test_a_drafter_that_raises_ends_its_request_alone():
     assert again.token_ids == single_answers()[1]
 
 
+def test_a_prompt_that_cannot_be_scored_ends_its_request_alone(monkeypatch):
+    """A joining request asking for prompt logprobs (echo) whose scoring fails ends alone; the
+    forward it rode in still serves the others."""
+    import draftwise.step as step_module
+
+    real = step_module.logprobs
+
+    def failing(rows, tokens, num_top):
+        if num_top == 3:  # only the victim asks for 3 alternatives
+            raise Boom("prompt scoring failed")
+        return real(rows, tokens, num_top)
+
+    monkeypatch.setattr(step_module, "logprobs", failing)
+
+    def victim_of(engine):
+        return engine.stream(
+            prompt_ids=[2, 4, 6, 8, 10, 12, 14, 16, 18],  # a few prefill chunks of 4
+            sampling=SamplingParams(max_tokens=10, ignore_eos=True, prompt_logprobs=3),
+        )
+
+    gens, victim, events, _ = run_beside(victim_of)
+    assert isinstance(events[-1], Failed) and isinstance(events[-1].error, Boom)
+    assert [g.result.token_ids for g in gens] == single_answers()
+
+
 def test_a_request_cancelled_mid_run_ends_alone():
     flag = {"steps": 0}
 
