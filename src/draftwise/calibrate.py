@@ -133,7 +133,11 @@ def measure(
 def stale(backend: Backend, curve: CostCurve) -> bool:
     """Whether a cached curve's single-token cost is more than STALE_RATIO times what a short probe
     measures now (a curve timed on a loaded host would make every draft look cheap or dear). Only
-    that direction: a probe slowed by load now must not throw away a curve measured quietly."""
+    that direction: a probe slowed by load now must not throw away a curve measured quietly.
+    Probed only on an empty backend (at load time): one holding a request's cache would have to
+    read it again after the probe."""
+    if backend.num_cached:
+        return False
     probe = measure(backend, (1,), context_len=PROBE_CONTEXT, repeats=PROBE_REPEATS, max_n=1).ms(1)
     return curve.ms(1) > STALE_RATIO * probe
 
