@@ -114,12 +114,12 @@ def create_app(
                     prepared = await asyncio.to_thread(
                         prepare, body, item, messages, max_tokens, default_max_tokens, tools
                     )
-                    count_ = copies or body.n or 1
-                    for copy in range(count_):
+                    per_prompt = copies or body.n or 1
+                    for copy in range(per_prompt):
                         sampling = dataclasses.replace(
                             prepared.sampling, seed=choices.choice_seed(prepared.sampling.seed, copy)
                         )
-                        if count_ > (body.n or 1) and sampling.logprobs is None:
+                        if per_prompt > (body.n or 1) and sampling.logprobs is None:
                             sampling = dataclasses.replace(sampling, logprobs=0)  # best_of ranks by them
                         job = Job(
                             job_id,
