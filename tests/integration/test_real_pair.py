@@ -54,6 +54,24 @@ def default_paths():
         pytest.skip(f"default models could not be fetched: {exc}")
 
 
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+READ_FILE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "read_file",
+        "description": "Read a file of the repository.",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+    },
+}
+
+
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     from draftwise.drafters.datastore import DatastoreDrafter, build_datastore, stdlib_sources
@@ -223,18 +241,7 @@ def test_default_target_calls_a_tool_with_speculation_as_without(engine):
 
     from draftwise.tools import ToolChoice, parse_tools, tool_plan
 
-    tools = parse_tools(
-        [
-            {
-                "type": "function",
-                "function": {
-                    "name": "get_weather",
-                    "description": "The current weather in a city.",
-                    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-                },
-            }
-        ]
-    )
+    tools = parse_tools([WEATHER_TOOL])
     plan = tool_plan(engine.tokenizer, tools, ToolChoice("required"), parallel=False)
     prompt_ids = engine.encode_prompt(
         messages=[{"role": "user", "content": "What's the weather in Paris right now?"}],
@@ -268,26 +275,7 @@ def test_default_target_calls_a_tool_under_auto_with_speculation_as_without(engi
 
     from draftwise.tools import ToolChoice, parse_tools, tool_plan
 
-    tools = parse_tools(
-        [
-            {
-                "type": "function",
-                "function": {
-                    "name": "read_file",
-                    "description": "Read a file of the repository.",
-                    "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
-                },
-            },
-            {
-                "type": "function",
-                "function": {
-                    "name": "get_weather",
-                    "description": "The current weather in a city.",
-                    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-                },
-            },
-        ]
-    )
+    tools = parse_tools([READ_FILE_TOOL, WEATHER_TOOL])
     plan = tool_plan(engine.tokenizer, tools, ToolChoice("auto"))
     prompt_ids = engine.encode_prompt(
         messages=[{"role": "user", "content": "Show me what is in src/app/config.py."}],

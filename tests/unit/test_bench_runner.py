@@ -147,7 +147,7 @@ def test_identical_flag_compares_token_ids_with_baseline(tmp_path):
         d = r["divergence"]
         assert d["position"] == r["new_tokens"] - 1 and d["plain_token"] != d["other_token"]
         assert d["gap_nats"] is None or d["gap_nats"] > 0  # plain's token is its row's argmax
-        assert "_prompt_ids" not in r and "_token_ids" not in r
+        assert "_prompt" not in r and "_token_ids" not in r
     assert "## Greedy answers that differ from plain decoding" in render_markdown(results)
 
 

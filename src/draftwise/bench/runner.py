@@ -476,7 +476,7 @@ class BenchRunner:
             self._explain_differences(records)
         for r in records:
             r.pop("_token_ids", None)
-            r.pop("_prompt_ids", None)
+            r.pop("_prompt", None)
             r.pop("_sampling", None)
         return records
 
@@ -493,12 +493,12 @@ class BenchRunner:
         }
         for r in records:
             b = base.get((r["turn"], r.get("constrained", False)))
-            if r.get("identical_to_baseline") is not False or b is None or b.get("_prompt_ids") is None:
+            if r.get("identical_to_baseline") is not False or b is None or b.get("_prompt") is None:
                 continue
             try:
-                r["divergence"] = divergence(
-                    self.engine, b["_prompt_ids"], b["_token_ids"], r["_token_ids"], b.get("_sampling")
-                )
+                ids, messages = b["_prompt"]
+                ids = list(ids) if ids is not None else self.engine.encode_prompt(messages=messages)
+                r["divergence"] = divergence(self.engine, ids, b["_token_ids"], r["_token_ids"], b.get("_sampling"))
             except Exception as exc:  # an explanation must not end the run
                 r["divergence"] = {"error": f"{type(exc).__name__}: {exc}"}
 
@@ -547,7 +547,7 @@ class BenchRunner:
             "peak_rss_mb": round(peak_rss_mb(), 1),
             "text": result.text,
             "_token_ids": list(result.token_ids),
-            "_prompt_ids": list(prompt_ids) if prompt_ids is not None else engine.encode_prompt(messages=messages),
+            "_prompt": (prompt_ids, messages),  # encoded only if an answer differs (_explain_differences)
             "_sampling": sampling,
         }
 

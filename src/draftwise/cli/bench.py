@@ -313,6 +313,7 @@ def _print_bench_tables(results: dict) -> None:
 @click.option("--sessions", type=click.IntRange(1, 28), default=3, show_default=True, help="--keystrokes: sessions.")
 @click.option(
     "--modes",
+    callback=csv(str),
     default="typing,warm,cold",
     show_default=True,
     help="--keystrokes: which replays (typing: at typing speed, superseding; warm; cold).",
@@ -428,7 +429,7 @@ def bench_serve(
                 api_key=api_key,
                 meta=meta,
                 progress=typed,
-                modes=[m.strip() for m in modes.split(",") if m.strip()],
+                modes=modes,
             )
             report = ks.write_outputs(results, out)
             click.echo(f"results: {out / 'results.json'}\nreport: {report}", err=True)

@@ -53,14 +53,14 @@ def best(done: Sequence[Any], best_of: int, n: int) -> list[Any]:
     answer counts 0), best first, ties in candidate order. best_of == n: done as it is."""
     if best_of <= n:
         return list(done)
+
+    def mean(d) -> float:
+        entries = d.result.logprobs or []
+        return sum(e.logprob for e in entries) / len(entries) if entries else 0.0
+
     picked = []
     for start in range(0, len(done), best_of):
         group = list(done[start : start + best_of])
-
-        def mean(d) -> float:
-            entries = d.result.logprobs or []
-            return sum(e.logprob for e in entries) / len(entries) if entries else 0.0
-
         order = sorted(range(len(group)), key=lambda i: (-mean(group[i]), i))
         picked += [group[i] for i in order[:n]]
     return picked

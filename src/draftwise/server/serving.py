@@ -212,7 +212,7 @@ class Serving:
 
     def _claim(self, slot: int, job: Job) -> bool:
         """Whether job may see how much of its prompt the slot had cached (same tenant)."""
-        visible = self._cache_tenant.get(slot, job.tenant) == job.tenant
+        visible = self._same_tenant(job.tenant, slot)
         self._cache_tenant[slot] = job.tenant
         return visible
 
