@@ -1,11 +1,24 @@
-"""Calibration: how long one forward over n = 1..K new tokens takes on a backend.
+"""Calibration: how long one forward over n = 1..K new tokens takes on a backend, and how that
+grows with the context the forward attends to.
 
-Each size is timed several times at a realistic context length, the rounds interleaved over the
-sizes, and the fastest time kept: a shared host only ever adds time, and interleaving spreads a
-burst of load over every size instead of one. Curves are cached on disk per (model identity,
-threads, n_ctx) and kept as measured — on llama.cpp 16 tokens can cost less than 12 — and n
-between measured points is linearly interpolated. A cached curve whose single-token cost is far
-above what the host does now (it was measured while something else ran) is measured again.
+Each size is timed several times at each of a few context lengths (CONTEXTS, those that fit the
+window), the rounds interleaved over the sizes, and the fastest time kept: a shared host only
+ever adds time, and interleaving spreads a burst of load over every size instead of one. The
+timings are then fitted to
+
+    ms(n, c) = W(n) + (c - c0) / 1000 * (a + b * n)
+
+(c0 the shortest context timed): W(n), the forward over n rows at c0, is kept per size as
+measured — on llama.cpp 16 tokens can cost less than 12 — but estimated from every context's
+timing at once, so each point averages several rounds' noise instead of carrying one; a + b n is
+what each 1,000 tokens of context add (reading the cache: a; attending from each row: b). Measured
+on the default target, a 2-core AVX-512 host, 2026-12-02: one row 30-36 ms at 256 tokens of
+context, 42-43 at 1,024, 56-61 at 4,096; 64 rows 636-775, 719-948 and 1,120-1,186 ms; two rounds
+of the same grid differed by up to 25% per point, the reason for the pooled fit.
+
+Curves are cached on disk per (model identity, threads, n_ctx); n between measured points is
+linearly interpolated. A cached curve whose single-token cost is far above what the host does
+now (it was measured while something else ran) is measured again.
 """
 
 from __future__ import annotations
@@ -14,8 +27,11 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from draftwise.backends.base import Backend
 
@@ -23,7 +39,9 @@ QUICK_POINTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 MAX_N = 64  # the largest forward timed by default (the auto policy asks for MAX_K + 1)
 # Timings per forward size: a thorough run times every size up to max_n, a quick one QUICK_POINTS.
 QUICK_REPEATS, THOROUGH_REPEATS = 3, 5
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: timed at several contexts (growth); version 1 curves are measured again
+# The context lengths timed (those with room for the largest forward in the window).
+CONTEXTS = (256, 1024, 2048, 4096)
 # A cached curve is measured again when its n=1 cost exceeds this many times a fresh probe's.
 STALE_RATIO = 1.5
 PROBE_CONTEXT, PROBE_REPEATS = 32, 3
@@ -36,6 +54,9 @@ class CostCurve:
     points: tuple[tuple[int, float], ...]
     context_len: int = 0
     source: str = "measured"
+    # ms that each 1,000 tokens of context beyond context_len add to a forward over n rows:
+    # growth[0] + growth[1] * n (fitted by fit_grid; (0, 0): not measured, cost read at any context)
+    growth: tuple[float, float] = (0.0, 0.0)
 
     def __post_init__(self) -> None:
         if not self.points or self.points[0][0] != 1:
@@ -45,10 +66,20 @@ class CostCurve:
     def max_n(self) -> int:
         return self.points[-1][0]
 
-    def ms(self, n: int) -> float:
-        """Cost of a forward over n tokens. Example: points ((1, 30), (4, 90)) -> ms(2) == 50."""
+    def ms(self, n: int, context: int | None = None) -> float:
+        """Cost of a forward over n tokens attending to `context` tokens (None: at the context the
+        curve was timed at). Example: points ((1, 30), (4, 90)) -> ms(2) == 50; with context_len
+        256 and growth (8, 2), ms(1, 1256) == 30 + 10."""
         if n <= 0:
             return 0.0
+        base = self._base(n)
+        if context is None or self.growth == (0.0, 0.0):
+            return base
+        extra = (context - self.context_len) / 1000 * (self.growth[0] + self.growth[1] * n)
+        # Below the timed context the fit is extrapolated down, never below half the timed cost.
+        return max(base + extra, 0.5 * base)
+
+    def _base(self, n: int) -> float:
         pts = self.points
         for (n0, ms0), (n1, ms1) in zip(pts, pts[1:]):
             if n0 <= n <= n1:
@@ -64,14 +95,21 @@ class CostCurve:
         return pts[-1][1] + slope * (n - pts[-1][0])
 
     def to_dict(self) -> dict:
-        return {"points": [list(p) for p in self.points], "context_len": self.context_len, "source": self.source}
+        return {
+            "points": [list(p) for p in self.points],
+            "context_len": self.context_len,
+            "source": self.source,
+            "growth": list(self.growth),
+        }
 
     @classmethod
     def from_dict(cls, data: dict) -> CostCurve:
+        growth = data.get("growth") or (0.0, 0.0)
         return cls(
             tuple((int(n), float(ms)) for n, ms in data["points"]),
             int(data.get("context_len", 0)),
             data.get("source", "measured"),
+            (float(growth[0]), float(growth[1])),
         )
 
     @classmethod
@@ -98,6 +136,22 @@ def _points(backend: Backend, thorough: bool, max_n: int) -> list[int]:
     return [n for n in (range(1, top + 1) if thorough else QUICK_POINTS) if n <= top]
 
 
+def _context_ids(n: int, vocab: int) -> list[int]:
+    # Token ids spread over the vocabulary: content barely matters for cost, length does.
+    return [(7919 * i + 13) % min(vocab, 32000) for i in range(n)]
+
+
+def _time_sizes(backend: Backend, points: Sequence[int], context_len: int, times: dict[int, list[float]]) -> None:
+    """One round: extend(n) + truncate back to context_len for each n, appending ms to times[n]."""
+    vocab = backend.vocab_size
+    for n in points:
+        ids = [(104729 * (j + n) + 17) % min(vocab, 32000) for j in range(n)]
+        t0 = time.perf_counter()
+        backend.extend(ids)
+        times[n].append(1000 * (time.perf_counter() - t0))
+        backend.truncate(context_len)
+
+
 def measure(
     backend: Backend, points=QUICK_POINTS, *, context_len: int = 256, repeats: int = 3, max_n: int = MAX_N
 ) -> CostCurve:
@@ -105,29 +159,85 @@ def measure(
     per n, each round timing every n once (a burst of load then slows one round, not one n)."""
     points = sorted({n for n in points if 1 <= n <= max_n} | {1})
     context_len = max(1, min(context_len, backend.n_ctx - max(points) - 1))
-    vocab = backend.vocab_size
-    # Token ids spread over the vocabulary: content barely matters for cost, length does.
-    context = [(7919 * i + 13) % min(vocab, 32000) for i in range(context_len)]
+    return measure_grid(backend, points, contexts=(context_len,), repeats=repeats, max_n=max_n)
+
+
+def contexts_for(backend: Backend, largest: int) -> list[int]:
+    """The CONTEXTS with room for a forward of `largest` rows in the window (at least one)."""
+    fit = [c for c in CONTEXTS if c + largest < backend.n_ctx]
+    return fit or [max(1, min(CONTEXTS[0], backend.n_ctx - largest - 1))]
+
+
+def measure_grid(
+    backend: Backend,
+    points=QUICK_POINTS,
+    *,
+    contexts: Sequence[int] | None = None,
+    repeats: int = 3,
+    max_n: int = MAX_N,
+) -> CostCurve:
+    """Time every size at every context (ascending within a round, the cache grown between them
+    and cut back for the next round), keep the fastest of `repeats` rounds per (context, size),
+    and fit them (fit_grid)."""
+    points = sorted({n for n in points if 1 <= n <= max_n} | {1})
+    contexts = sorted(set(contexts or contexts_for(backend, max(points))))
+    ids = _context_ids(contexts[-1], backend.vocab_size)
     saved = backend.cached_ids
     backend.reset()
+    times: dict[int, dict[int, list[float]]] = {c: {n: [] for n in points} for c in contexts}
     try:
-        backend.prefill(context)
-        backend.extend(context[:1])  # warm-up
-        backend.truncate(context_len)
-        times: dict[int, list[float]] = {n: [] for n in points}
+        backend.prefill(ids[: contexts[0]])
+        backend.extend(ids[:1])  # warm-up
+        backend.truncate(contexts[0])
         for _ in range(max(1, repeats)):
-            for n in points:
-                ids = [(104729 * (j + n) + 17) % min(vocab, 32000) for j in range(n)]
-                t0 = time.perf_counter()
-                backend.extend(ids)
-                times[n].append(1000 * (time.perf_counter() - t0))
-                backend.truncate(context_len)
-        result = [(n, min(times[n])) for n in points]
+            for c in contexts:
+                if backend.num_cached < c:
+                    backend.prefill(ids[backend.num_cached : c])
+                _time_sizes(backend, points, c, times[c])
+            backend.truncate(contexts[0])
     finally:
         backend.reset()
         if saved:
             backend.prefill(saved)
-    return CostCurve(tuple(result), context_len=context_len)
+    return fit_grid({c: {n: min(ms) for n, ms in by_n.items()} for c, by_n in times.items()})
+
+
+def fit_grid(times: Mapping[int, Mapping[int, float]]) -> CostCurve:
+    """The curve at the shortest context c0 and its growth from timings times[context][n] (ms):
+    ms(n, c) = W(n) + (c - c0) / 1000 * (a + b n), with a, b >= 0 fitted by least squares on the
+    departures of each size from its mean over contexts, weighted by that mean (every size counts
+    by its relative error), and W(n) the mean over contexts of each timing less its growth.
+    Example: {256: {1: 30, 4: 60}, 1256: {1: 40, 4: 76}} -> points ((1, 30), (4, 60)) at 256 and
+    growth (8, 2): 1,000 more tokens of context add 8 + 2 n ms.
+    """
+    contexts = sorted(times)
+    c0 = contexts[0]
+    sizes = sorted(times[c0])
+    if len(contexts) == 1:
+        return CostCurve(tuple((n, float(times[c0][n])) for n in sizes), context_len=c0)
+    x = {c: (c - c0) / 1000 for c in contexts}
+    x_mean = sum(x.values()) / len(x)
+    mean = {n: sum(times[c][n] for c in contexts) / len(contexts) for n in sizes}
+    design = np.array([[(x[c] - x_mean) / mean[n], (x[c] - x_mean) * n / mean[n]] for c in contexts for n in sizes])
+    target = np.array([(times[c][n] - mean[n]) / mean[n] for c in contexts for n in sizes])
+    a, b = _nonnegative_least_squares(design, target)
+    points = tuple((n, max(1e-3, mean[n] - x_mean * (a + b * n))) for n in sizes)
+    return CostCurve(points, context_len=c0, growth=(round(a, 4), round(b, 4)))
+
+
+def _nonnegative_least_squares(design: np.ndarray, target: np.ndarray) -> tuple[float, float]:
+    """min |design @ (a, b) - target| with a, b >= 0 (two unknowns: the best of the unconstrained
+    solution, if feasible, and each one alone)."""
+    candidates = []
+    full = np.linalg.lstsq(design, target, rcond=None)[0]
+    if (full >= 0).all():
+        candidates.append((float(full[0]), float(full[1])))
+    for j in (0, 1):
+        col = design[:, j]
+        denom = float(col @ col)
+        value = max(0.0, float(col @ target) / denom) if denom else 0.0
+        candidates.append((value, 0.0) if j == 0 else (0.0, value))
+    return min(candidates, key=lambda ab: float(np.sum((design @ np.array(ab) - target) ** 2)))
 
 
 def stale(backend: Backend, curve: CostCurve) -> bool:
@@ -139,7 +249,7 @@ def stale(backend: Backend, curve: CostCurve) -> bool:
     if backend.num_cached:
         return False
     probe = measure(backend, (1,), context_len=PROBE_CONTEXT, repeats=PROBE_REPEATS, max_n=1).ms(1)
-    return curve.ms(1) > STALE_RATIO * probe
+    return curve.ms(1, PROBE_CONTEXT) > STALE_RATIO * probe
 
 
 def load_or_measure(
@@ -155,7 +265,7 @@ def load_or_measure(
         wanted = max(_points(backend, thorough, max_n))
         if (not thorough or data.get("thorough")) and curve.max_n >= wanted and not stale(backend, curve):
             return curve
-    curve = measure(
+    curve = measure_grid(
         backend, _points(backend, thorough, max_n), repeats=THOROUGH_REPEATS if thorough else QUICK_REPEATS, max_n=max_n
     )
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,7 @@ from draftwise import models
 from draftwise.backends.base import Backend, num_slots
 from draftwise.backends.hf import DEVICES, DTYPES
 from draftwise.drafters import ModelDrafter, NgramDrafter
+from draftwise.drafters.calls import CallsDrafter
 from draftwise.drafters.grammar import GrammarDrafter
 from draftwise.drafters.prediction import PredictionDrafter
 from draftwise.drafters.suffix import SuffixDrafter
@@ -114,11 +115,11 @@ def parse_drafters(spec: str | None) -> list[str]:
     return names
 
 
-FREE_DRAFTERS = ("ngram", "suffix", "grammar", "prediction")
+FREE_DRAFTERS = ("ngram", "suffix", "grammar", "prediction", "calls")
 
 
 def free_drafter(name: str, options: LoadOptions = LoadOptions()):
-    """A free (lookup) drafter by name: "ngram", "suffix", "grammar" or "prediction"."""
+    """A free (lookup) drafter by name: "ngram", "suffix", "grammar", "prediction" or "calls"."""
     if name == "ngram":
         return NgramDrafter(options.ngram_min, options.ngram_max)
     if name == "suffix":
@@ -127,6 +128,8 @@ def free_drafter(name: str, options: LoadOptions = LoadOptions()):
         return GrammarDrafter()
     if name == "prediction":
         return PredictionDrafter()
+    if name == "calls":
+        return CallsDrafter()
     raise ConfigError(f"unknown free drafter {name!r}; choose from {', '.join(FREE_DRAFTERS)}")
 
 

@@ -163,7 +163,9 @@ def step(
     logits = logits[: len(drafted)]
     fwd = Forward(lap.ms, rows, len(drafted) + len(prefills) > 1)
     if fwd.batched and target_time is not None:
-        target_time.observe(rows, fwd.ms)  # the shared forward, once at its total rows
+        # The shared forward, once at its total rows and its sequences' mean context.
+        contexts = [len(d.ready.context) for d in drafted.values()]
+        target_time.observe(rows, fwd.ms, round(sum(contexts) / len(contexts)) if contexts else None)
     row_logits = dict(zip(drafted, logits))
     with clock("verify"), clock.masks("verify", reqs):
         verified = _each(out, drafted, lambda i, d: verify(reqs[i], d, row_logits[i]))

@@ -25,6 +25,9 @@ def _check(ok: bool, message: str) -> None:
 
 
 CONSTRAINT_KINDS = ("json_schema", "json_object", "regex", "grammar", "text")
+# In Constraint.calls: where a call's text has a string value's content (CALL_HOLE) or another
+# value (CALL_ANY).
+CALL_HOLE, CALL_ANY = "\x00", "\x01"
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,9 @@ class Constraint:
     pattern (with a trigger): a second, textual trigger, a regex searched in the answer's text;
     from its match on, pattern_source (a Lark grammar of the text from the match's start, the
     match included) holds to the end. Qwen2.5-Coder writes its calls as ```json blocks.
+    calls: the texts of the calls the constraint admits, as the model would write them, with
+    CALL_HOLE / CALL_ANY for their values; they never change what is allowed (the calls drafter
+    proposes from them).
 
     Example: Constraint.json_schema({"type": "object", "properties": {"a": {"type": "integer"}}}).
     Example: Constraint.lazy(Constraint.grammar('start: "(" /[a-c]+/ ")"'), "#") allows
@@ -49,8 +55,10 @@ class Constraint:
     trigger: str = ""
     pattern: str = ""
     pattern_source: str = ""
+    calls: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "calls", tuple(self.calls))
         if self.kind not in CONSTRAINT_KINDS:
             raise ConfigError(f"constraint kind must be one of {', '.join(CONSTRAINT_KINDS)}, got {self.kind!r}")
         if self.kind == "text" and not self.trigger:

@@ -340,3 +340,74 @@ def test_draft_speedup_from_the_cost_curves():
     at_prior, k = draft_speedup(gpu_target, CostCurve.linear(3.0, 3.0), 0.7)
     assert 1.0 < at_prior < best and k < 16
     assert at_prior > 1.7 * 30.0 / (3.0 + 30.3) - 1e-9
+
+
+def test_the_grid_fit_recovers_how_cost_grows_with_context():
+    """ms(n, c) = W(n) + (c - c0) / 1000 * (a + b n): timings on that surface, each off by up to
+    +-8% (a shared host), give back W within the noise and a, b close; the surface, not one
+    context's timings, prices a forward at any context."""
+    import random
+
+    from draftwise.calibrate import fit_grid
+
+    rng = random.Random(3)
+    sizes = (1, 2, 4, 8, 16, 32, 64)
+    true_w = {n: 30.0 + 11.0 * (n - 1) for n in sizes}
+    times = {
+        c: {n: (true_w[n] + (c - 256) / 1000 * (6.0 + 1.5 * n)) * rng.uniform(0.92, 1.08) for n in sizes}
+        for c in (256, 1024, 2048, 4096)
+    }
+    curve = fit_grid(times)
+    assert curve.context_len == 256
+    assert curve.growth[0] == pytest.approx(6.0, abs=4.0) and curve.growth[1] == pytest.approx(1.5, rel=0.25)
+    for n in sizes:
+        assert curve.ms(n) == pytest.approx(true_w[n], rel=0.08)
+        assert curve.ms(n, 4096) == pytest.approx(true_w[n] + 3.84 * (6.0 + 1.5 * n), rel=0.08)
+    assert curve.ms(1, None) == curve.ms(1)  # no context: the curve as timed
+    # Exact data, exact answer; a cost that falls with context is clamped to none.
+    exact = fit_grid({256: {1: 30.0, 4: 60.0}, 1256: {1: 40.0, 4: 76.0}})
+    assert exact.growth == pytest.approx((8.0, 2.0)) and exact.ms(4, 2256) == pytest.approx(92.0)
+    assert fit_grid({256: {1: 30.0, 4: 60.0}, 1256: {1: 29.0, 4: 58.0}}).growth == (0.0, 0.0)
+    again = CostCurve.from_dict(json.loads(json.dumps(exact.to_dict())))
+    assert again == exact
+
+
+def test_calibration_times_every_context_the_window_holds(tmp_path, monkeypatch):
+    """A backend whose forward grows with the context it attends to: the calibrated curve grows
+    with context too, and only contexts with room for the largest forward are timed."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    model = ToyModel(vocab_size=8, seed=1)
+
+    def logits(context):
+        time.sleep(0.002 + 0.000002 * len(context))  # 2 ms per row + 2 ms per 1,000 tokens
+        return model.logits(context)
+
+    seen = []
+    backend = ToyBackend(logits_fn=logits, vocab_size=8, name="grows", n_ctx=2100)
+    original = backend.prefill
+    backend.prefill = lambda ids: (seen.append(backend.num_cached + len(ids)), original(ids))[1]
+    curve = load_or_measure(backend, max_n=4)
+    assert max(seen) == 2048  # 4096 does not fit a window of 2,100
+    assert curve.context_len == 256 and curve.growth[1] > 0.5  # ~2 ms per row per 1,000 tokens
+    assert curve.ms(4, 2048) > curve.ms(4) + 4 * 0.5 * 1.792
+    assert json.loads(cache_file(backend).read_text())["growth"] == list(curve.growth)
+
+
+def test_the_policy_prices_a_forward_at_the_request_context():
+    """The same proposal, the same estimates: at a long context every forward costs more, in
+    proportion to its rows, so a long draft's relative price changes and plain steps cost more."""
+    curve = CostCurve(((1, 30.0), (16, 150.0)), context_len=256, growth=(0.0, 20.0))
+    policy = AutoPolicy(target_cost=curve)
+    policy.begin([], SpeculationConfig())
+    policy.plan(PlanState(context=[1] * 256, max_k=8))
+    short = policy.snapshot()["target_cost_ms"]
+    policy.plan(PlanState(context=[1] * 3256, max_k=8))
+    long = policy.snapshot()["target_cost_ms"]
+    assert short[1] == pytest.approx(30.0) and long[1] == pytest.approx(90.0)
+    assert long[16] == pytest.approx(150.0 + 3 * 20.0 * 16)
+    # Observed steps are compared with the curve at their own context: a plain step at 3,256
+    # tokens that took the 90 ms the curve says is no slowdown.
+    for _ in range(50):
+        policy.plan(PlanState(context=[1] * 3256, max_k=8))
+        policy.observe(step("none", 0, 0, verify_ms=90.0))
+    assert policy.time.load.value == pytest.approx(1.0)

@@ -89,6 +89,16 @@ def test_results_without_baseline_or_calibration_are_refused():
         calibrated_curve({"meta": {}})
 
 
+def test_the_curve_of_a_results_file_keeps_its_growth_with_context():
+    meta = {
+        "calibration": {"target": {"1": 30.0, "8": 90.0}},
+        "calibration_context": {"target": {"context_len": 256, "growth": [4.0, 2.0]}},
+    }
+    curve = calibrated_curve({"meta": meta})
+    assert curve.ms(1) == 30.0 and curve.ms(8, 1256) == pytest.approx(90.0 + 4.0 + 16.0)
+    assert calibrated_curve({"meta": {"calibration": meta["calibration"]}}).growth == (0.0, 0.0)  # older results
+
+
 def _results(tmp_path, target):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps(p.to_dict()) + "\n" for p in PROMPTS))

@@ -62,6 +62,12 @@ def test_the_live_split_adds_up_and_finds_a_context_dependent_forward():
         result.replayed_ms + result.curve_error_ms + result.noise_ms + result.overhead_ms + result.other_ms
     ) == pytest.approx(decode)
     assert [(rows, ctx, n) for rows, ctx, n, *_ in table] == [(1, 0, 1), (1, 2048, 3), (5, 0, 1)]
+    # A curve calibrated over context (10 ms per row per 1,000 tokens past 100) prices those
+    # long-context steps at their 2x: no cost-curve error is left.
+    grown = CostCurve(curve.points, context_len=100, growth=(0.0, 10.0 / 2.9))
+    result, _ = split([record], grown, "auto")
+    assert result.curve_error_ms == pytest.approx(0.0, abs=1e-9)
+    assert result.replayed_ms == pytest.approx(replayed + 3 * 10.0)
 
 
 def test_the_report_shows_where_the_decode_time_goes():

@@ -1,7 +1,7 @@
 """Live against replay: where a run's measured decode time departs from the calibrated cost model.
 
 A bench record's `step_times` holds, per step, (rows in its forward, context length, forward ms,
-step ms). Replay prices a step at curve(rows); the measured step differs by
+step ms). Replay prices a step at curve(rows, context); the measured step differs by
   - cost-curve error: the forward's systematic departure from the curve, per bucket of rows x
     context length (the bucket's median ratio measured/curve, applied to its steps) — e.g. a
     forward that grows with the context the curve was not measured at;
@@ -54,12 +54,12 @@ def split(records: Sequence[dict], curve: CostCurve, method: str) -> tuple[Split
     steps = [(rows, ctx, fwd, total) for r in records for rows, ctx, fwd, total in r.get("step_times", ()) if rows]
     buckets: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
     for rows, ctx, fwd, _ in steps:
-        buckets[_bucket(rows, ROW_BUCKETS), _bucket(ctx, CONTEXT_BUCKETS)].append((fwd, curve.ms(rows)))
+        buckets[_bucket(rows, ROW_BUCKETS), _bucket(ctx, CONTEXT_BUCKETS)].append((fwd, curve.ms(rows, ctx)))
     ratio = {key: statistics.median(f / c for f, c in pairs) for key, pairs in buckets.items()}
-    replayed = sum(curve.ms(rows) for rows, _, _, _ in steps)
+    replayed = sum(curve.ms(rows, ctx) for rows, ctx, _, _ in steps)
     forward = sum(fwd for _, _, fwd, _ in steps)
     systematic = sum(
-        (ratio[_bucket(rows, ROW_BUCKETS), _bucket(ctx, CONTEXT_BUCKETS)] - 1) * curve.ms(rows)
+        (ratio[_bucket(rows, ROW_BUCKETS), _bucket(ctx, CONTEXT_BUCKETS)] - 1) * curve.ms(rows, ctx)
         for rows, ctx, _, _ in steps
     )
     overhead = sum(total - fwd for _, _, fwd, total in steps)

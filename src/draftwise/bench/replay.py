@@ -9,7 +9,8 @@ timing noise, seconds instead of a half-hour bench. History drafters (suffix) ke
 their state across prompts in suite order, as in the bench. On this machine the
 replay's speedups land within a few points of the measured ones (docs/bench/README.md).
 
-A step that verifies d draft tokens costs curve(d + 1); a plain step curve(1). Lookup
+A step that verifies d draft tokens costs curve(d + 1) at its context length (the curve's
+growth with context, where the calibration measured it); a plain step curve(1). Lookup
 time is measured and added unless `count_lookups=False`, which also stops the policy
 backing off from costly lookups (that reacts to measured time): fully deterministic.
 `noise` multiplies each step's time by a log-normal factor, as on a shared machine, to
@@ -84,10 +85,16 @@ def calibrated_curve(results: dict) -> CostCurve:
     """The target's cost curve from a bench results.json, or a calibration cache file's."""
     if "points" in results:
         return CostCurve.from_dict(results)
-    points = results.get("meta", {}).get("calibration", {}).get("target")
+    meta = results.get("meta", {})
+    points = meta.get("calibration", {}).get("target")
     if not points:
         raise ConfigError("the results hold no calibrated cost curve (run the bench with an auto method)")
-    return CostCurve(tuple(sorted((int(n), float(ms)) for n, ms in points.items())))
+    context = meta.get("calibration_context", {}).get("target", {})
+    return CostCurve(
+        tuple(sorted((int(n), float(ms)) for n, ms in points.items())),
+        int(context.get("context_len", 0)),
+        growth=tuple(context.get("growth", (0.0, 0.0))),
+    )
 
 
 def replay(
@@ -149,7 +156,7 @@ def replay(
                         len(answer_ids),
                         steps,
                         ms,
-                        len(answer_ids) * curve.ms(1),
+                        sum(curve.ms(1, len(prompt_ids) + pos) for pos in range(len(answer_ids))),
                         best_ms,
                     )
                 )
@@ -168,7 +175,8 @@ def oracle_ms(
 
     correct[p] = the longest correct proposal of any drafter at position p (each proposes once
     per position, as the context grows one token at a time); then best[p] = min(curve(1) +
-    best[p + 1], min over 1 <= k <= correct[p] of curve(k + 1) + best[p + k + 1]).
+    best[p + 1], min over 1 <= k <= correct[p] of curve(k + 1) + best[p + k + 1]), each forward
+    priced at its position's context.
     Example: an answer its one drafter always proposes in full costs curve(len(answer)) at
     max_k >= len(answer) - 1.
     """
@@ -185,10 +193,10 @@ def oracle_ms(
                 break
             draft = d.propose(context, limit)
             correct[pos] = max(correct[pos], common_prefix_length(draft.token_ids[:limit], answer_ids[pos:]))
-    cost = [curve.ms(j) for j in range(max_k + 2)]
     best = [0.0] * (n + 1)
     for pos in range(n - 1, -1, -1):
-        best[pos] = min(cost[k + 1] + best[pos + k + 1] for k in range(correct[pos] + 1))
+        context = len(prompt_ids) + pos
+        best[pos] = min(curve.ms(k + 1, context) + best[pos + k + 1] for k in range(correct[pos] + 1))
     return best[0]
 
 
@@ -220,7 +228,7 @@ def _replay_one(
         accepted = 0
         while accepted < len(proposal) and proposal[accepted] == answer_ids[pos + accepted]:
             accepted += 1
-        verify_ms = curve.ms(len(proposal) + 1) * (rng.lognormvariate(0.0, noise) if noise else 1.0)
+        verify_ms = curve.ms(len(proposal) + 1, len(context)) * (rng.lognormvariate(0.0, noise) if noise else 1.0)
         policy.observe(
             StepStats(
                 drafter=plan.drafter.name if proposal else "none",

@@ -291,7 +291,9 @@ class BenchRunner:
                 pass
         calibration = cached_calibration(self.engine)
         if calibration:
-            self.results["meta"]["calibration"] = calibration
+            self.results["meta"]["calibration"] = {name: points for name, (points, _) in calibration.items()}
+            # Where each curve was timed and how it grows with context (replay prices by it).
+            self.results["meta"]["calibration_context"] = {name: ctx for name, (_, ctx) in calibration.items()}
 
     def _pad(self, prompt: Prompt, ctx: int | None) -> Prompt:
         if ctx is None:
@@ -584,7 +586,8 @@ def divergence(
 
 
 def cached_calibration(engine) -> dict:
-    """The calibrated cost curves (n -> ms) already cached on disk for the engine's models; never measures."""
+    """Per model, (n -> ms, {context_len, growth}) of the calibrated cost curves already cached on
+    disk for the engine's models; never measures."""
     try:
         from draftwise import calibrate
     except ImportError:
@@ -600,7 +603,10 @@ def cached_calibration(engine) -> dict:
             path = calibrate.cache_file(backend)
             if path.is_file():
                 curve = calibrate.CostCurve.from_dict(json.loads(path.read_text()))
-                out[name] = {str(n): round(ms, 2) for n, ms in curve.points}
+                out[name] = (
+                    {str(n): round(ms, 2) for n, ms in curve.points},
+                    {"context_len": curve.context_len, "growth": list(curve.growth)},
+                )
         except Exception:  # a missing or changed calibration format only loses a plot line
             continue
     return out

@@ -127,6 +127,7 @@ class AutoPolicy:
         self._backoff: dict[str, int] = {}  # current back-off interval in steps
         self._skip: dict[str, int] = {}  # steps left before the next consultation
         self._shadows: list[_Shadow] = []  # proposals not yet scored against committed tokens
+        self._context: int | None = None  # the planned step's context length (prices its forward)
         self.last_decision: dict = {}
 
     @property
@@ -160,7 +161,7 @@ class AutoPolicy:
         return est
 
     def _target_ms(self, n: int) -> float:
-        return self.time.ms(n)
+        return self.time.ms(n, self._context)
 
     # ---------------------------------------------------------------- planning
     def _score_shadows(self, context: Sequence[int]) -> None:
@@ -184,6 +185,7 @@ class AutoPolicy:
     def menu(self, state: PlanState) -> _Menu:
         """This step's options: free drafters' proposals (consulted now) and draft models."""
         self._score_shadows(state.context)
+        self._context = len(state.context)
         k_cap = min(self.max_k, state.max_k)
         options: list[_Option] = []
         consulted: list[Drafter] = []
@@ -224,8 +226,8 @@ class AutoPolicy:
                 _Option(
                     drafter,
                     self._estimate(key, DRAFT_MODEL_PRIOR).expected_tokens(k_cap),
-                    first_ms=cost.ms(min(missing, cost.max_n)) * scale,
-                    step_ms=cost.ms(1) * scale,
+                    first_ms=cost.ms(min(missing, cost.max_n), self._context) * scale,
+                    step_ms=cost.ms(1, self._context) * scale,
                     key=key,
                 )
             )
@@ -266,7 +268,7 @@ class AutoPolicy:
             return
         key, predicted_draft = self._last
         if step.num_branches == 1 and not step.batch_rows:
-            self.time.observe(step.num_drafted + step.num_forced + 1, step.verify_ms)
+            self.time.observe(step.num_drafted + step.num_forced + 1, step.verify_ms, self._context)
         if step.num_drafted and key is not None:
             self._estimates[key].update(step.num_drafted, step.num_accepted)
             if predicted_draft > 0 and key[0] in self._draft_scale:
@@ -299,6 +301,9 @@ def plan_batch(policies: Sequence[AutoPolicy], states: Sequence[PlanState], extr
     """
     time_model = policies[0].time
     menus = [p.menu(s) for p, s in zip(policies, states)]
+    # One forward for all: each row attends to its own sequence, so the batch costs about what
+    # its rows cost at the sequences' mean context.
+    context = round(sum(len(s.context) for s in states) / len(states))
     choice: list[tuple[_Option | None, int]] = [(None, 0)] * len(menus)
 
     def value(i: int, option: _Option | None, k: int) -> tuple[float, float, int]:
@@ -318,7 +323,7 @@ def plan_batch(policies: Sequence[AutoPolicy], states: Sequence[PlanState], extr
             for option in [None, *menu.options]:
                 for k in range(0 if option is None else 1, 1 if option is None else len(option.expected)):
                     v = value(i, option, k)
-                    rate = (num + v[0]) / (draft + v[1] + time_model.ms(rows + v[2]))
+                    rate = (num + v[0]) / (draft + v[1] + time_model.ms(rows + v[2], context))
                     if rate > best_rate:
                         best_rate, best, best_parts = rate, (option, k), v
             if best != choice[i]:
@@ -327,5 +332,5 @@ def plan_batch(policies: Sequence[AutoPolicy], states: Sequence[PlanState], extr
         if not moved:
             break
     rows = sum(p[2] for p in parts) + extra_rows
-    rate = sum(p[0] for p in parts) / (sum(p[1] for p in parts) + time_model.ms(rows))
+    rate = sum(p[0] for p in parts) / (sum(p[1] for p in parts) + time_model.ms(rows, context))
     return [menu.policy.conclude(menu, option, k, rows, rate) for menu, (option, k) in zip(menus, choice)]

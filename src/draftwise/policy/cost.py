@@ -63,13 +63,14 @@ class TargetTime:
         shape = self.shapes.get(n)
         return shape.value if shape is not None else 1.0
 
-    def ms(self, n: int) -> float:
-        """Calibrated cost, corrected by the observed load and (once seen) this size's shape."""
-        return self.curve.ms(n) * self.load.value * self.shape(n)
+    def ms(self, n: int, context: int | None = None) -> float:
+        """Calibrated cost over n rows attending to `context` tokens (None: the calibration's own
+        context), corrected by the observed load and (once seen) this size's shape."""
+        return self.curve.ms(n, context) * self.load.value * self.shape(n)
 
-    def observe(self, n: int, ms: float) -> None:
-        """A forward over n rows took ms."""
-        calibrated = self.curve.ms(n)
+    def observe(self, n: int, ms: float, context: int | None = None) -> None:
+        """A forward over n rows attending to `context` tokens (a batch: its sequences' mean) took ms."""
+        calibrated = self.curve.ms(n, context)
         self.load.update(ms, calibrated * self.shape(n))
         if n > 1:  # shapes are relative to a plain step, which defines the load
             shape = self.shapes.setdefault(n, Scale(alpha=SHAPE_ALPHA))

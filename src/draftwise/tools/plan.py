@@ -6,7 +6,7 @@ the calls from the first token)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from draftwise.constraints import Constraint
 from draftwise.tools.formats import ToolFormat, format_for, json_block
@@ -59,4 +59,5 @@ def tool_plan(tokenizer, tools: Sequence[Tool], choice: ToolChoice, parallel: bo
         blocks = BlockCalls(names)
         from_block = Constraint.grammar(json_block.grammar(tools, choice, parallel))
         constraint = Constraint.lazy(grammar, fmt.trigger, pattern=json_block.pattern(names), from_pattern=from_block)
+        constraint = replace(constraint, calls=json_block.calls(tools, choice))
     return ToolPlan(fmt, tuple(tools), choice, constraint, blocks)

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 from draftwise.tools.formats.base import lark_literal, schema_for
 from draftwise.tools.spec import Tool, ToolChoice
+from draftwise.types import CALL_ANY, CALL_HOLE
 
 # Whitespace between the block's parts is the model's own (it indents), but bounded: unbounded
 # whitespace in a grammar lets a model write spaces until max_tokens.
@@ -66,6 +67,34 @@ def grammar(tools: Sequence[Tool], choice: ToolChoice, parallel: bool) -> str:
         schema["x-guidance"] = {**schema["x-guidance"], **WS_OPTIONS}
         lines.append(f"args_{i}: %json {json.dumps(schema, ensure_ascii=False)}")
     return "\n".join(lines) + "\n"
+
+
+def calls(tools: Sequence[Tool], choice: ToolChoice) -> tuple[str, ...]:
+    """Each tool's call as the model writes it (Constraint.calls, for the calls drafter): fenced
+    and bare, indented by 2 and by 4, the arguments in the schema's order, string values as
+    CALL_HOLE and others as CALL_ANY. Example, a tool f(path: string), fenced, indent 2:
+    '```json\n{\n  "name": "f",\n  "arguments": {\n    "path": "<HOLE>"\n  }\n}\n```'."""
+    hole, other = "@@draftwise-hole@@", "@@draftwise-any@@"
+    chosen = [t for t in tools if choice.mode != "named" or t.name == choice.name]
+    out = []
+    # The likeliest style first (the default target's: fenced, indent 2).
+    for indent in (2, 4):
+        for fenced in (True, False):
+            for tool in chosen:
+                properties = (tool.parameters or {}).get("properties") or {}
+                arguments = {key: hole if _string(spec) else other for key, spec in properties.items()}
+                text = json.dumps({"name": tool.name, "arguments": arguments}, indent=indent, ensure_ascii=False)
+                text = text.replace(hole, CALL_HOLE).replace(f'"{other}"', CALL_ANY)
+                out.append(f"```json\n{text}\n```" if fenced else text)
+    return tuple(out)
+
+
+def _string(spec) -> bool:
+    """Whether a property's schema makes its value a string (a string type, or an enum of strings)."""
+    if not isinstance(spec, dict):
+        return False
+    values = spec.get("enum")
+    return spec.get("type") == "string" or (bool(values) and all(isinstance(v, str) for v in values))
 
 
 class BlockCalls:

@@ -1,0 +1,205 @@
+"""Calls drafter: the skeleton of a tool call, as the model writes it, as a free draft.
+
+Under tool_choice auto, Qwen2.5-Coder writes a call as a Markdown JSON block, indented:
+
+    ```json
+    {
+      "name": "get_weather",
+      "arguments": {
+        "city": "Lisbon"
+      }
+    }
+    ```
+
+The grammar only takes hold once the name is written (the pattern trigger), and its whitespace
+is the model's own, so it forces little: on the default pair 1-6 tokens of a 30-50-token call.
+Yet everything but the values is known from the tools: the fence, the keys, the name once its
+first characters single out a tool, the closing braces. The request's constraint carries those
+texts (Constraint.calls: each call of each tool rendered as the format writes it, with HOLE for
+a string value's content and ANY for another value); this drafter reads the answer's text,
+finds the call it is writing (the latest point from which some of those texts match it, values
+skipped) and proposes the rest of the text up to the next value (or, while several tools still
+match, as far as they agree). The values themselves are the lookups' to copy.
+
+It is a deterministic proposal like any lookup: verification decides, the output is the target's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from draftwise.types import CALL_ANY, CALL_HOLE, Draft, SamplingParams, SpeculationConfig
+
+if TYPE_CHECKING:
+    from draftwise.constraints import Grammar
+
+# The auto policy's estimate starts from the prior of its longest-match bucket: the text is the
+# tools' own (shadow scoring corrects it from what the model writes).
+SCORE = 32.0
+WINDOW = 2048  # characters of the answer searched for a call's start
+MAX_STARTS = 8  # latest candidate starts tried
+BOUNDARY = 2  # tokens of the answer re-encoded with the proposal (a merge across the boundary)
+
+
+def _style(template: str) -> tuple[bool, int]:
+    """(fenced, indent) of a call's text: proposals are only merged within one style.
+    Example: '```json\n{\n  "name"' -> (True, 2)."""
+    brace = template.find("{")
+    newline = template.find("\n", brace)
+    indent = len(template[newline + 1 :]) - len(template[newline + 1 :].lstrip(" ")) if newline == brace + 1 else 0
+    return template.startswith("```"), indent
+
+
+def _split(template: str) -> tuple[list[str], list[str]]:
+    """Literals and the holes between them. Example: 'a"\\x00"b\\x01c' -> (['a"', '"b', 'c'], [HOLE, ANY])."""
+    literals, holes, current = [], [], []
+    for ch in template:
+        if ch in (CALL_HOLE, CALL_ANY):
+            literals.append("".join(current))
+            holes.append(ch)
+            current = []
+        else:
+            current.append(ch)
+    literals.append("".join(current))
+    return literals, holes
+
+
+def _string_end(text: str, pos: int) -> int | None:
+    """Index of the first unescaped '"' at or after pos, else None."""
+    escaped = False
+    for i in range(pos, len(text)):
+        ch = text[i]
+        if escaped:
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif ch == '"':
+            return i
+    return None
+
+
+def align(template: tuple[list[str], list[str]], text: str) -> str | int | None:
+    """What the template writes next after `text` (a call's text from its start): the rest of the
+    literal the text ends in ('' inside a value); None if the text departs from the template; the
+    call's length in characters (an int) if the text holds the whole call. Example, template
+    '{"a": "' HOLE '"}': '{"a' -> '": "'; '{"a": "x' -> ''; '{"a": "x"' -> '}'; '{"b' -> None;
+    '{"a": "x"} ok' -> 10."""
+    literals, holes = template
+    pos = 0
+    for i, literal in enumerate(literals):
+        if i:
+            if holes[i - 1] == CALL_HOLE:
+                end = _string_end(text, pos)
+            else:  # a number, boolean, null or nested value: it ends where the next literal starts
+                found = text.find(literal[:1], pos) if literal else -1
+                end = found if found >= 0 else None
+            if end is None:
+                return ""  # inside a value
+            pos = end
+        rest = text[pos:]
+        if len(rest) < len(literal):
+            return literal[len(rest) :] if literal.startswith(rest) else None
+        if not rest.startswith(literal):
+            return None
+        pos += len(literal)
+    return pos
+
+
+def _common_prefix(texts: Sequence[str]) -> str:
+    first = min(texts, key=len)
+    for i, ch in enumerate(first):
+        if any(t[i] != ch for t in texts):
+            return first[:i]
+    return first
+
+
+class CallsDrafter:
+    """Proposes the tool-call skeleton the request's constraint describes (nothing for a request
+    without one). Needs the target's tokenizer (the Engine gives it its own)."""
+
+    free = True
+
+    def __init__(self, name: str = "calls", tokenizer=None) -> None:
+        self.name = name
+        self.tokenizer = tokenizer
+        self._templates: list[tuple[list[str], list[str]]] = []
+        self._styles: list[tuple[bool, int]] = []
+        self._starts: tuple[str, ...] = ()
+        self._prompt_len: int | None = None
+        self._pieces: list[str] = []
+
+    def for_slot(self, slot: int) -> CallsDrafter:
+        return CallsDrafter(self.name, self.tokenizer)
+
+    def begin(self, sampling: SamplingParams, speculation: SpeculationConfig) -> None:
+        calls = sampling.constraint.calls if sampling.constraint is not None else ()
+        calls = calls if self.tokenizer is not None else ()
+        self._templates, self._styles = [_split(t) for t in calls], [_style(t) for t in calls]
+        self._starts = tuple(sorted({literals[0][:1] for literals, _ in self._templates if literals[0]}))
+        self._prompt_len, self._pieces = None, []
+
+    def _answer(self, context: Sequence[int]) -> str:
+        if self._prompt_len is None:
+            self._prompt_len = len(context)
+        done = self._prompt_len + len(self._pieces)
+        if len(context) < done:  # shown a shorter context than before: start the text again
+            self._pieces = self._pieces[: max(0, len(context) - self._prompt_len)]
+            done = self._prompt_len + len(self._pieces)
+        self._pieces.extend(self.tokenizer.decode([t]) for t in context[done:])
+        return "".join(self._pieces[-WINDOW:])
+
+    def _next_text(self, answer: str) -> str:
+        """The skeleton text to propose after the answer so far ('' for none): from the earliest
+        of the latest candidate starts that some template matches (past any call already
+        complete), the first matching template's style (the constraint lists the likeliest
+        first), as far as that style's matching templates agree (tools share a name's start)."""
+        window = answer[-WINDOW:]
+        starts = sorted({i for ch in self._starts for i in _occurrences(window, ch)})[-MAX_STARTS:]
+        done = 0  # the end of the last complete call found
+        for start in starts:
+            if start < done:
+                continue
+            text = window[start:]
+            matches = []
+            for i, template in enumerate(self._templates):
+                result = align(template, text)
+                if isinstance(result, int):
+                    done = max(done, start + result)
+                elif result is not None:
+                    matches.append((i, result))
+            if matches and start >= done:
+                style = self._styles[matches[0][0]]
+                return _common_prefix([p for i, p in matches if self._styles[i] == style])
+        return ""
+
+    def propose(self, context: Sequence[int], max_tokens: int, grammar: Grammar | None = None) -> Draft:
+        if not self._templates or max_tokens <= 0:
+            return Draft((), source=self.name)
+        answer = self._answer(context)
+        text = self._next_text(answer)
+        if not text:
+            return Draft((), source=self.name)
+        return Draft(tuple(self._encode(context, text)[:max_tokens]), source=self.name, score=SCORE)
+
+    def _encode(self, context: Sequence[int], text: str) -> list[int]:
+        """The proposal's tokens as the model would split them: the last tokens of the answer are
+        encoded with it, and their own tokens dropped again when they come back unchanged."""
+        m = min(BOUNDARY, len(self._pieces))
+        if m:
+            tail = list(context[len(context) - m :])
+            ids = self.tokenizer.encode(self.tokenizer.decode(tail) + text, add_special=False)
+            if ids[:m] == tail:
+                return ids[m:]
+        return self.tokenizer.encode(text, add_special=False)
+
+    def accept(self, num_accepted: int) -> None:
+        pass
+
+
+def _occurrences(text: str, ch: str) -> list[int]:
+    out, i = [], text.find(ch)
+    while i >= 0:
+        out.append(i)
+        i = text.find(ch, i + 1)
+    return out
