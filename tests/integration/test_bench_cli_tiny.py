@@ -80,4 +80,4 @@ def test_bench_cli_loads_no_draft_model_when_no_method_needs_it(tiny_gguf_dir, t
     )
     assert result.exit_code == 0, result.output
     meta = json.loads((tmp_path / "out" / "results.json").read_text())["meta"]
-    assert meta["drafters"] == ["ngram", "suffix", "grammar", "prediction"] and meta["draft_model"] is None
+    assert meta["drafters"] == ["ngram", "suffix", "grammar", "prediction", "calls"] and meta["draft_model"] is None

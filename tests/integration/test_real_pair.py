@@ -82,7 +82,7 @@ def engine(tmp_path_factory):
     # Four sequences: the token-tree test verifies branches on the same target.
     engine = load_engine(
         str(target),
-        f"ngram,suffix,{draft}",
+        f"ngram,suffix,calls,{draft}",
         options=LoadOptions(n_seq_max=4),
         speculation=SpeculationConfig(policy="fixed"),
     )
@@ -269,8 +269,8 @@ def test_default_target_calls_a_tool_with_speculation_as_without(engine):
 def test_default_target_calls_a_tool_under_auto_with_speculation_as_without(engine):
     """Under tool_choice auto Qwen2.5-Coder 1.5B writes its call as a ```json block, not
     <tool_call>: the lazy grammar's pattern trigger takes the block from its name on, so the answer
-    is a call of the tool with valid arguments, and speculation (n-gram, the draft model) makes
-    the same call."""
+    is a call of the tool with valid arguments, and speculation (n-gram, the draft model, the calls
+    drafter) makes the same call."""
     import json
 
     from draftwise.tools import ToolChoice, parse_tools, tool_plan
@@ -287,7 +287,7 @@ def test_default_target_calls_a_tool_under_auto_with_speculation_as_without(engi
     [call] = parsed.calls
     assert call.name == "read_file" and json.loads(call.arguments) == {"path": "src/app/config.py"}, plain.text
     assert parsed.content is None and plain.finish_reason == "stop"
-    for drafters in (["ngram"], ["draft"]):
+    for drafters in (["ngram"], ["draft"], ["calls"]):
         result = engine.generate(
             prompt_ids=prompt_ids,
             sampling=sampling,
@@ -295,6 +295,8 @@ def test_default_target_calls_a_tool_under_auto_with_speculation_as_without(engi
             speculation=SpeculationConfig(policy="fixed", max_draft_tokens=8),
         )
         assert [(c.name, c.arguments) for c in plan.parse(result.text).calls] == [(call.name, call.arguments)]
+        if drafters == ["calls"]:  # the block's skeleton and the path copied from the prompt
+            assert result.stats.num_accepted >= len(result.token_ids) // 2, result.stats
         print(
             f"\n{drafters}: identical tokens {result.token_ids == plain.token_ids}, "
             f"{result.stats.num_accepted}/{result.stats.num_drafted} accepted, {result.stats.num_forced_tokens} forced"

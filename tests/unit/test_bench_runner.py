@@ -164,6 +164,17 @@ def test_divergence_gap_is_the_logprob_difference_in_plain_decodings_row():
     assert d["position"] == 3 and d["gap_nats"] == pytest.approx(row.top[0][1] - row.top[1][1], abs=1e-4)
     assert d["reproduced"]
     assert divergence(engine, prompt, list(plain), list(plain[:4]))["note"]  # a prefix: it stopped earlier
+    # A "plain" answer that plain decoding run again does not reproduce (on llama.cpp: its cache
+    # filled otherwise): the row is read after that answer's own tokens, not on another path.
+    detour = [*plain[:2], row.top[2][0], *plain[3:]]
+    forced_row = engine.generate(
+        prompt_ids=[*prompt, *detour[:3]], sampling=SamplingParams(max_tokens=1, logprobs=20, ignore_eos=True)
+    ).logprobs[0]
+    top = dict(forced_row.top)
+    third = [*detour[:3], forced_row.top[1][0]]
+    d = divergence(engine, prompt, [*detour[:3], forced_row.top[0][0]], third)
+    assert d["position"] == 3 and not d["reproduced"] and d["forced"]
+    assert d["gap_nats"] == pytest.approx(top[forced_row.top[0][0]] - top[third[3]], abs=1e-4)
 
 
 def test_identical_is_not_claimed_for_sampled_runs_and_sweeps_make_one_set_per_setting(tmp_path):

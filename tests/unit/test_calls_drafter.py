@@ -5,7 +5,7 @@ import pytest
 
 from draftwise.backends.hf import ByteTokenizer
 from draftwise.backends.toy import ToyBackend
-from draftwise.drafters.calls import CallsDrafter, align
+from draftwise.drafters.calls import CallsDrafter, InValue, align
 from draftwise.drafters.calls import _split as split
 from draftwise.engine import Engine
 from draftwise.tools import ToolChoice, parse_tools
@@ -51,11 +51,12 @@ def drafter(tools=TOOLS):
     return d
 
 
-def proposed(answer: str, tools=TOOLS) -> str:
+def proposed(answer: str, prompt: str = "Hi") -> str:
     """What a drafter proposes after `answer` (shown token by token, as a request's steps do)."""
-    d = drafter(tools)
-    ids = [1, 2, 3] + ByteTokenizer(257).encode(answer)
-    for end in range(3, len(ids)):
+    d = drafter()
+    start = len(ByteTokenizer(257).encode(prompt))
+    ids = ByteTokenizer(257).encode(prompt + answer)
+    for end in range(start, len(ids)):
         d.propose(ids[:end], 64)
     return ByteTokenizer(257).decode(list(d.propose(ids, 64).token_ids))
 
@@ -72,7 +73,7 @@ def test_align_skips_values_and_stops_at_the_next_one():
     t = split('{"a": "' + CALL_HOLE + '", "n": ' + CALL_ANY + "}")
     assert align(t, "") == '{"a": "'
     assert align(t, '{"a') == '": "'
-    assert align(t, '{"a": "x \\" y') == ""  # inside the value (an escaped quote does not end it)
+    assert align(t, '{"a": "x \\" y') == InValue('x \\" y', '", "n": ')  # an escaped quote ends nothing
     assert align(t, '{"a": "x \\" y"') == ', "n": '
     assert align(t, '{"a": "x", "n": 12') == ""
     assert align(t, '{"a": "x", "n": 12} ok') == 19  # complete: its length
@@ -83,7 +84,7 @@ def test_it_proposes_the_skeleton_and_never_a_value():
     assert proposed("") == ""  # the answer's start: it may be text (a miss costs a long forward)
     assert proposed("``") == '`json\n{\n  "name": "get_'  # the tools agree up to here
     assert proposed('```json\n{\n  "name": "get_w') == 'eather",\n  "arguments": {\n    "city": "'
-    assert proposed(BLOCK[: BLOCK.index("Lis") + 3]) == ""  # the value is the model's
+    assert proposed(BLOCK[: BLOCK.index("Lis") + 3]) == ""  # a value the prompt does not hold is the model's
     assert proposed(BLOCK[: BLOCK.index("3,") + 1]) == ""  # 3 or 30 ...
     assert proposed(BLOCK[: BLOCK.index("3,") + 2]) == '\n    "unit": "'
     assert proposed(BLOCK[: BLOCK.index("celsius") + 7]) == ""  # "celsius" or "celsius2"...
@@ -92,6 +93,18 @@ def test_it_proposes_the_skeleton_and_never_a_value():
     # Text first, then a bare call with a 4-space indent.
     assert proposed('Sure.\n{\n    "name": "get_t') == 'ime",\n    "arguments": {\n        "zone": "'
     assert proposed("Sure, no tool is needed: {x}") == ""  # a brace that starts no call
+
+
+def test_inside_a_value_the_prompt_holds_it_proposes_the_rest_and_the_skeleton_after():
+    prompt = "What is the weather in Lisbon, for 3 days? And in Porto?"
+    at = BLOCK.index("Lis")
+    assert proposed(BLOCK[:at], prompt) == ""  # an empty value: which one is the model's
+    assert proposed(BLOCK[: at + 1], prompt) == 'isbon",\n    "days": '  # up to the next value
+    assert proposed(BLOCK[: at + 6], prompt) == '",\n    "days": '  # complete as the prompt has it
+    # A value with a space so far runs to the quote or the line's end; trailing punctuation is not
+    # the value's.
+    assert proposed(BLOCK[:at] + "Lisbon, for", prompt) == ' 3 days? And in Porto",\n    "days": '
+    assert proposed(BLOCK[:at] + "Lisbox", prompt) == ""
 
 
 def test_without_calls_in_the_constraint_it_proposes_nothing():

@@ -383,11 +383,12 @@ def test_calibration_times_every_context_the_window_holds(tmp_path, monkeypatch)
         return model.logits(context)
 
     seen = []
-    backend = ToyBackend(logits_fn=logits, vocab_size=8, name="grows", n_ctx=2100)
+    backend = ToyBackend(logits_fn=logits, vocab_size=8, name="grows", n_ctx=1500)
     original = backend.prefill
     backend.prefill = lambda ids: (seen.append(backend.num_cached + len(ids)), original(ids))[1]
     curve = load_or_measure(backend, max_n=4)
-    assert max(seen) == 2048  # 4096 does not fit a window of 2,100
+    assert max(seen) == 1024  # 2,048 does not fit a window of 1,500
+    assert [s for s in seen if s > 1] == [256, 1024]  # the context is read once, not per round
     assert curve.context_len == 256 and curve.growth[1] > 0.5  # ~2 ms per row per 1,000 tokens
     assert curve.ms(4, 2048) > curve.ms(4) + 4 * 0.5 * 1.792
     assert json.loads(cache_file(backend).read_text())["growth"] == list(curve.growth)

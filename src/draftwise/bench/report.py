@@ -379,9 +379,11 @@ def render_markdown(results: dict, plots: Sequence[str] = ()) -> str:
             "Where each differing answer leaves plain decoding's: the first differing token (position in the "
             "answer), plain decoding's token and the method's, and gap = logprob(plain's token) - logprob(the "
             "method's) in plain decoding's own row at that position (plain decoding run again with logprobs), in "
-            "nats (> top-20: the method's token is not among the row's 20 most likely). A gap of a few "
-            "hundredths is a near-tie that batched verification's numerics can flip on llama.cpp; a large gap "
-            "would be a bug.",
+            "nats (> top-20: the method's token is not among the row's 20 most likely). Where plain decoding "
+            "run again takes another path before that position (its cache filled otherwise, so llama.cpp's "
+            "rows round differently), the row is read after plain's own tokens given as the prompt. A gap of a "
+            "few hundredths is a near-tie that batched verification's numerics can flip on llama.cpp; a large "
+            "gap would be a bug.",
             "",
             markdown_table(("question", "turn", "method", "position", "plain", "method's", "gap (nats)"), differences),
             "",
@@ -407,7 +409,8 @@ def always_right_ceiling(curve: dict | None) -> tuple[float, int] | None:
     from draftwise.calibrate import CostCurve
 
     cost = CostCurve(tuple(sorted((int(n), float(ms)) for n, ms in curve.items())))
-    return max(((k + 1) * cost.ms(1) / cost.ms(k + 1), k) for k in range(1, cost.max_n))
+    ratios = [((k + 1) * cost.ms(1) / cost.ms(k + 1), k) for k in range(1, cost.max_n) if cost.ms(k + 1) > 0]
+    return max(ratios) if ratios and cost.ms(1) > 0 else None
 
 
 def structured_rows(records: Sequence[dict]) -> list[tuple]:
@@ -487,6 +490,10 @@ def difference_rows(records: Sequence[dict]) -> list[tuple]:
             continue
         gap = d.get("gap_nats")
         shown = d.get("note") or ("> top-20" if gap is None else f"{gap:.4f}")
+        if d.get("forced") and not d.get("note"):
+            shown += " (row read after plain's tokens)"
+        elif d.get("reproduced") is False and not d.get("note"):
+            shown = "not measured (plain decoding run again took another path)"
         rows.append(
             (
                 r["question_id"],

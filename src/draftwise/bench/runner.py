@@ -562,7 +562,8 @@ def divergence(
     "gap_nats": logprob(plain's token) - logprob(other's) in plain decoding's own row at that
     position (None: other's token is not among the row's 20 most likely), "reproduced"}. The row
     is plain decoding's own: plain decoding runs again, a token per forward from the cached
-    prompt as it first ran, with logprobs (reproduced: it gave the same tokens up to there).
+    prompt as it first ran, with logprobs (reproduced: it gave the same tokens up to there; when
+    it did not, "forced": the row is read after plain's first i tokens given as prompt).
     Example: a gap of 0.02 is a near-tie."""
     i = next((j for j, (a, b) in enumerate(zip(plain, other)) if a != b), min(len(plain), len(other)))
     out: dict = {"position": i, "plain_token": None, "other_token": None, "gap_nats": None}
@@ -578,8 +579,19 @@ def divergence(
     decode = engine.tokenizer.decode
     out.update(plain_token=decode([plain[i]]), other_token=decode([other[i]]))
     out["reproduced"] = list(probe.token_ids[: i + 1]) == list(plain[: i + 1])
-    if probe.logprobs and len(probe.logprobs) > i:
-        row = dict(probe.logprobs[i].top)
+    rows = probe.logprobs or []
+    if not out["reproduced"]:
+        # Plain decoding run again took another path before i (its cache was filled otherwise:
+        # llama.cpp's rows then round differently), so its row i has another context. The row
+        # after plain's own first i tokens, read as part of the prompt, has the right one.
+        forced = engine.generate(
+            prompt_ids=list(prompt_ids) + list(plain[:i]),
+            sampling=replace(base, temperature=0.0, max_tokens=1, logprobs=20, ignore_eos=True, stop=()),
+            speculation=SpeculationConfig(enabled=False),
+        )
+        rows, out["forced"] = [None] * i + list(forced.logprobs or []), True
+    if len(rows) > i and rows[i] is not None:
+        row = dict(rows[i].top)
         if plain[i] in row and other[i] in row:
             out["gap_nats"] = round(row[plain[i]] - row[other[i]], 4)
     return out
@@ -604,7 +616,7 @@ def cached_calibration(engine) -> dict:
             if path.is_file():
                 curve = calibrate.CostCurve.from_dict(json.loads(path.read_text()))
                 out[name] = (
-                    {str(n): round(ms, 2) for n, ms in curve.points},
+                    {str(n): round(ms, 4) for n, ms in curve.points},
                     {"context_len": curve.context_len, "growth": list(curve.growth)},
                 )
         except Exception:  # a missing or changed calibration format only loses a plot line

@@ -27,7 +27,7 @@ GRACEFUL_SHUTDOWN_S = 10
 
 
 @click.command()
-@click.option("--draft", default="ngram,prediction", show_default=True, help=DRAFT_HELP)
+@click.option("--draft", default="ngram,prediction,grammar,calls", show_default=True, help=DRAFT_HELP)
 @policy_options
 @click.option(
     "--host", default=LOOPBACK[0], show_default=True, help="Interface to bind (loopback unless told otherwise)."

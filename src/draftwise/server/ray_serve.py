@@ -32,7 +32,7 @@ class ReplicaConfig:
     """What one replica loads and serves: the arguments of `draftwise serve`, all picklable."""
 
     target: str = models.DEFAULT_TARGET
-    draft: str | None = "ngram,prediction"
+    draft: str | None = "ngram,prediction,grammar,calls"
     options: LoadOptions = LoadOptions(slots=0)
     speculation: SpeculationConfig = SpeculationConfig()
     model_name: str | None = None  # default: the target's name
