@@ -103,6 +103,12 @@ class CostCurve:
         }
 
     @classmethod
+    def from_points(cls, points: Mapping, context_len: int = 0, growth: Sequence[float] = (0.0, 0.0)) -> CostCurve:
+        """From {n: ms} as bench results keep it (keys may be strings). Example: {"1": 30, "4": 90}."""
+        pairs = tuple(sorted((int(n), float(ms)) for n, ms in points.items()))
+        return cls(pairs, int(context_len), growth=(float(growth[0]), float(growth[1])))
+
+    @classmethod
     def from_dict(cls, data: dict) -> CostCurve:
         growth = data.get("growth") or (0.0, 0.0)
         return cls(
@@ -178,8 +184,9 @@ def measure_grid(
 ) -> CostCurve:
     """Time every size at every context, keep the fastest of `repeats` rounds per (context, size),
     and fit them (fit_grid). Contexts in ascending order, all rounds at one before the cache grows
-    to the next: the context is read once (at 4,096 tokens a second read cost the default target
-    50 s on a 2-core host), and a burst of load that slows one round is dropped by the minimum."""
+    to the next: the context is read once (reading it again each round, with 4,096 tokens among
+    the contexts, made the default target's calibration take about 4 minutes on a 2-core host,
+    2026-12-02), and a burst of load that slows one round is dropped by the minimum."""
     points = sorted({n for n in points if 1 <= n <= max_n} | {1})
     contexts = sorted(set(contexts or contexts_for(backend, max(points))))
     ids = _context_ids(contexts[-1], backend.vocab_size)

@@ -408,7 +408,7 @@ def always_right_ceiling(curve: dict | None) -> tuple[float, int] | None:
         return None
     from draftwise.calibrate import CostCurve
 
-    cost = CostCurve(tuple(sorted((int(n), float(ms)) for n, ms in curve.items())))
+    cost = CostCurve.from_points(curve)
     ratios = [((k + 1) * cost.ms(1) / cost.ms(k + 1), k) for k in range(1, cost.max_n) if cost.ms(k + 1) > 0]
     return max(ratios) if ratios and cost.ms(1) > 0 else None
 

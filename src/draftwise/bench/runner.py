@@ -579,7 +579,7 @@ def divergence(
     decode = engine.tokenizer.decode
     out.update(plain_token=decode([plain[i]]), other_token=decode([other[i]]))
     out["reproduced"] = list(probe.token_ids[: i + 1]) == list(plain[: i + 1])
-    rows = probe.logprobs or []
+    at = probe.logprobs[i] if probe.logprobs and len(probe.logprobs) > i else None
     if not out["reproduced"]:
         # Plain decoding run again took another path before i (its cache was filled otherwise:
         # llama.cpp's rows then round differently), so its row i has another context. The row
@@ -589,9 +589,9 @@ def divergence(
             sampling=replace(base, temperature=0.0, max_tokens=1, logprobs=20, ignore_eos=True, stop=()),
             speculation=SpeculationConfig(enabled=False),
         )
-        rows, out["forced"] = [None] * i + list(forced.logprobs or []), True
-    if len(rows) > i and rows[i] is not None:
-        row = dict(rows[i].top)
+        at, out["forced"] = (forced.logprobs[0] if forced.logprobs else None), True
+    if at is not None:
+        row = dict(at.top)
         if plain[i] in row and other[i] in row:
             out["gap_nats"] = round(row[plain[i]] - row[other[i]], 4)
     return out

@@ -75,17 +75,21 @@ def calls(tools: Sequence[Tool], choice: ToolChoice) -> tuple[str, ...]:
     CALL_HOLE and others as CALL_ANY. Example, a tool f(path: string), fenced, indent 2:
     '```json\n{\n  "name": "f",\n  "arguments": {\n    "path": "<HOLE>"\n  }\n}\n```'."""
     hole, other = "@@draftwise-hole@@", "@@draftwise-any@@"
-    chosen = [t for t in tools if choice.mode != "named" or t.name == choice.name]
+    calls = []
+    for tool in tools:
+        if choice.mode == "named" and tool.name != choice.name:
+            continue
+        properties = (tool.parameters or {}).get("properties") or {}
+        arguments = {key: hole if _string(spec) else other for key, spec in properties.items()}
+        calls.append({"name": tool.name, "arguments": arguments})
     out = []
     # The likeliest style first (the default target's: fenced, indent 2).
     for indent in (2, 4):
-        for fenced in (True, False):
-            for tool in chosen:
-                properties = (tool.parameters or {}).get("properties") or {}
-                arguments = {key: hole if _string(spec) else other for key, spec in properties.items()}
-                text = json.dumps({"name": tool.name, "arguments": arguments}, indent=indent, ensure_ascii=False)
-                text = text.replace(hole, CALL_HOLE).replace(f'"{other}"', CALL_ANY)
-                out.append(f"```json\n{text}\n```" if fenced else text)
+        texts = [
+            json.dumps(call, indent=indent, ensure_ascii=False).replace(hole, CALL_HOLE).replace(f'"{other}"', CALL_ANY)
+            for call in calls
+        ]
+        out += [f"```json\n{text}\n```" for text in texts] + texts
     return tuple(out)
 
 
