@@ -17,10 +17,11 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from draftwise.backends.base import common_prefix_length
+from draftwise.backends.base import ForwardInterrupted, common_prefix_length, interruptible
 from draftwise.request import Generation, Request, Result
 from draftwise.step import step
 
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 # 4.37 s, the same ~8.5 ms per row from 128 on, so 128 fills prompts as fast as larger
 # chunks while a running stream waits ~1 s at most for its next step.
 PREFILL_CHUNK = 128
+_NO_STOP = nullcontext()
 # A slot takes a prompt prefix from another slot only when that saves at least this many rows
 # (below it, reading them again costs less than it is worth keeping the slot's own cache).
 MIN_SHARED = 16
@@ -93,6 +95,7 @@ class Batcher:
         self._last_used = [0.0] * engine.num_slots
         self.active: list[_Active] = []
         self.num_steps = 0
+        self.num_interrupted = 0  # forwards stopped part-way: all their requests were cancelled
         self.last_rows = 0  # target rows in the last step's forward
 
     @property
@@ -179,19 +182,28 @@ class Batcher:
                 return events
             # A tree (several branches in one pass) is a one-request case, chosen here.
             trees = len(decoding) == 1 and not prefills and decoding[0].request.trees
+            # A forward that only reads prompts stops part-way once every request in it is
+            # cancelled (an editor's request superseded mid-prompt): the newer one need not wait
+            # for a chunk of a prompt it does not share.
+            watched = [a.request.cancelled for a, _ in prefills]
+            stoppable = not decoding and all(c is not None for c in watched)
             try:
-                result = step(
-                    self.engine.target,
-                    [a.request for a in decoding],
-                    [(a.request.slot.target, chunk, a.request) for a, chunk in prefills],
-                    trees=trees,
-                    target_time=self.engine.shared_target_time,
-                )
+                with interruptible(self.engine.target, lambda: all(c() for c in watched)) if stoppable else _NO_STOP:
+                    result = step(
+                        self.engine.target,
+                        [a.request for a in decoding],
+                        [(a.request.slot.target, chunk, a.request) for a, chunk in prefills],
+                        trees=trees,
+                        target_time=self.engine.shared_target_time,
+                    )
             except BaseException as exc:  # outside any one request's phases: ends every request
                 events += self.fail(None, exc)
                 if not isinstance(exc, Exception):
                     raise
                 return events
+            if isinstance(result.forward_error, ForwardInterrupted):
+                self.num_interrupted += 1  # nothing was read: the cancelled requests end, caches kept
+                return events + self.reap()
             self.num_steps += 1
             self.last_rows = result.rows
             if result.forward_error is not None:

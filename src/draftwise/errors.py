@@ -33,5 +33,10 @@ class ContextOverflowError(BackendError):
     """More tokens than the context window holds."""
 
 
+class ForwardInterrupted(BackendError):
+    """A forward was stopped part-way because every request in it was cancelled (an editor's
+    request superseded); the caches hold what they held before it."""
+
+
 class ModelError(RuntimeError):
     """A model could not be found, fetched or verified."""

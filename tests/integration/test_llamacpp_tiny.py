@@ -358,3 +358,91 @@ def test_a_slot_takes_the_prompt_prefix_another_slot_holds(tiny_gguf_dir):
         assert engine.slot(0).target.cached_ids[: len(ids)] == ids  # the source kept its cache
     finally:
         target.close()
+
+
+def test_an_interrupted_forward_leaves_the_cache_as_before(tiny_gguf_dir):
+    """llama.cpp's abort callback stops a forward part-way (between graph nodes, or between a
+    long prompt's batches); the call raises ForwardInterrupted and the cache holds what it held
+    before, so the next read continues as if the forward never ran. Outside `interruptible`
+    nothing is stopped."""
+    from draftwise.errors import ForwardInterrupted
+
+    backend = LlamaCppBackend(tiny_gguf_dir / "target.gguf", n_ctx=512, n_threads=1, n_batch=16)
+    try:
+        ids = backend.tokenizer.encode(PROMPT * 3)
+        assert len(ids) > 40
+        backend.prefill(ids[:8])
+        fresh = LlamaCppBackend(tiny_gguf_dir / "target.gguf", n_ctx=512, n_threads=1, n_batch=16)
+        want = fresh.extend(ids)[-5:]
+        fresh.close()
+        calls = {"n": 0}
+
+        def after(n):
+            def check():
+                calls["n"] += 1
+                return calls["n"] > n
+
+            return check
+
+        calls["n"] = 0
+        with backend.interruptible(after(10**9)):  # counts what a whole read asks
+            backend.extend(ids[8:])
+        backend.truncate(8)
+        total = calls["n"]
+        # mid-graph (the first batch), mid-prompt (a later batch), before anything
+        for n in (5, total // 2, 0):
+            calls["n"] = 0
+            with backend.interruptible(after(n)):
+                with pytest.raises(ForwardInterrupted):
+                    backend.extend(ids[8:])
+            assert backend.cached_ids == ids[:8], n
+        with pytest.raises(BackendError), backend.interruptible(lambda: False), backend.interruptible(lambda: False):
+            pass
+        got = backend.extend(ids[8:])[-5:]  # outside: never stopped
+        np.testing.assert_array_equal(got.argmax(-1), want.argmax(-1))
+        np.testing.assert_allclose(got, want, atol=5e-3)
+    finally:
+        backend.close()
+
+
+def test_a_prompt_read_stops_when_its_request_is_superseded(tiny_gguf_dir):
+    """A forward that only reads prompts stops part-way once every request in it is cancelled
+    (an editor's newer request): the request ends as cancelled with its slot's cache as before
+    that forward, and the next request on the slot decodes as it would have alone. A forward
+    with a request still wanted is never stopped."""
+    from draftwise.batching import Batcher
+
+    prompt = PROMPT * 3
+    sampling = SamplingParams(max_tokens=8, ignore_eos=True)
+    target = LlamaCppBackend(tiny_gguf_dir / "target.gguf", n_ctx=512, n_threads=1, slots=2)
+    try:
+        engine = Engine(target, [NgramDrafter(1, 3)], speculation=SpeculationConfig(policy="fixed"))
+        alone = engine.generate(prompt, sampling=sampling).token_ids
+        target.reset()
+        batcher = Batcher(engine, prefill_chunk=10)
+        asked = {"armed": False, "n": 0}
+
+        def superseded_mid_forward():  # once armed: False when reaped before the step, then True
+            if not asked["armed"]:
+                return False
+            asked["n"] += 1
+            return asked["n"] > 1
+
+        first = engine.stream(prompt, sampling=sampling, cancelled=superseded_mid_forward)
+        slot = batcher.add(first, share_from=lambda i: False)
+        batcher.step()  # reads 10 prompt tokens
+        read = engine.slot(slot).target.cached_ids
+        assert len(read) == 10
+        asked["armed"] = True
+        events = batcher.step()
+        assert batcher.num_interrupted == 1 and not batcher.active
+        assert first.result.stats.finish_reason == "cancelled" and any(e.generation is first for e in events)
+        assert engine.slot(slot).target.cached_ids == read  # nothing of the stopped forward stays
+        second = engine.stream(prompt, sampling=sampling)
+        assert batcher.add(second, share_from=lambda i: False) == slot
+        while batcher.active:
+            batcher.step()
+        assert second.result.token_ids == alone
+        assert second.result.stats.num_reused_tokens == len(read)
+    finally:
+        target.close()

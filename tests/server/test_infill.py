@@ -283,6 +283,10 @@ def test_keystroke_replay_through_bench_serve(start_server, tmp_path):
     assert {s["requests"] for s in summary.values()} == {6} and all(s["errors"] == 0 for s in summary.values())
     assert summary["typing"]["superseded"] >= 1 and summary["typing"]["answered"] >= 2  # each session's last answers
     assert summary["warm"]["superseded"] == summary["cold"]["superseded"] == 0
+    # typing and warm sessions first ask at the opened line and wait for its answer; in no latency
+    assert summary["typing"]["opened"] == summary["warm"]["opened"] == 2 and summary["cold"]["opened"] == 0
+    opened = [r for r in results["records"] if r["typed"] == 0]
+    assert len(opened) == 4 and all(r["ok"] and not r["superseded"] for r in opened)
     # cold: only the prompt's fixed opening (the repo header before the first chunk) is reused
     assert summary["cold"]["median_cache_n"] < summary["warm"]["median_cache_n"] / 4
     assert summary["warm"]["median_prompt_n"] < summary["cold"]["median_prompt_n"]

@@ -2,6 +2,7 @@
 
 import json
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -202,8 +203,13 @@ def test_costly_lookups_back_off_when_not_taken():
     assert SlowNoMatch.calls <= 12  # backed off to every 8th step
 
 
-def test_free_drafters_are_scored_by_committed_tokens_while_decoding_plainly():
+def test_free_drafters_are_scored_by_committed_tokens_while_decoding_plainly(monkeypatch):
     # Verifying 1 token pays only above 95% acceptance, more than any match-length prior.
+    # Lookups are timed: a slow first call (a pause of the machine) would tip this margin, and
+    # what is tested here is the scoring, so the lookup clock stands still.
+    import draftwise.policy.auto as auto
+
+    monkeypatch.setattr(auto, "time", SimpleNamespace(perf_counter=lambda: 0.0))
     policy = AutoPolicy(target_cost=CostCurve(((1, 30.0), (2, 56.0), (3, 80.0), (32, 900.0))))
     policy.begin([NgramDrafter(1, 2)], SpeculationConfig())
     cycle = [1, 2, 3, 4, 5, 6]

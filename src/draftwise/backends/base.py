@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -24,6 +25,7 @@ import numpy as np
 
 from draftwise.errors import BackendError as BackendError  # re-exported: raised by every backend
 from draftwise.errors import ContextOverflowError as ContextOverflowError
+from draftwise.errors import ForwardInterrupted as ForwardInterrupted
 from draftwise.types import ConfigError
 
 
@@ -129,6 +131,14 @@ def extend_batch(backend: Backend, items: Sequence[tuple[Backend, Sequence[int],
     if batched is not None and len(items) > 1:
         return batched(items)
     return [seq.extend(ids, n) if n else _prefill(seq, ids) for seq, ids, n in items]
+
+
+def interruptible(backend: Backend, check: Callable[[], bool]):
+    """A context in which backend's forwards stop part-way once check() is true (raising
+    ForwardInterrupted, the caches as before the forward); where the backend cannot stop a
+    forward part-way, nothing changes and forwards run to their end."""
+    enter = getattr(backend, "interruptible", None)
+    return enter(check) if enter is not None else nullcontext()
 
 
 def _prefill(seq: Backend, ids: Sequence[int]) -> np.ndarray:

@@ -10,12 +10,13 @@ the removal is refused.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
-from draftwise.backends.base import BackendError, Capabilities, ContextOverflowError, utf8
+from draftwise.backends.base import BackendError, Capabilities, ContextOverflowError, ForwardInterrupted, utf8
 from draftwise.types import ConfigError
 
 
@@ -281,6 +282,33 @@ class LlamaCppBackend(_SequenceOps):
         self.tokenizer = LlamaCppTokenizer(self._llm, C)
         self.capabilities = Capabilities(exact=False, device="cpu", dtype="gguf")
         self._slots: list[_SequenceOps] = [self, *(LlamaCppSequence(self, i) for i in range(1, slots))]
+        # llama.cpp asks the abort callback between the graph's nodes; it is installed only
+        # inside `interruptible` (a Python call per node would cost a single-row step ~5%).
+        self._interrupt: Callable[[], bool] | None = None
+        self._abort_cb = C.ggml_abort_callback(self._should_abort)
+
+    # ---------------------------------------------------------------- interrupting
+    def _should_abort(self, _data) -> bool:
+        check = self._interrupt
+        try:
+            return bool(check is not None and check())
+        except Exception:  # never raise into llama.cpp's compute loop
+            return False
+
+    @contextmanager
+    def interruptible(self, check: Callable[[], bool]) -> Iterator[None]:
+        """Forwards inside stop part-way once check() is true: llama_decode returns 2 (llama.cpp
+        removes the ubatch it was computing from the cache), and _decode_items raises
+        ForwardInterrupted after removing every position the call had added."""
+        if self._interrupt is not None:
+            raise BackendError("interruptible contexts do not nest")
+        self._interrupt = check
+        self._c.llama_set_abort_callback(self._ctx, self._abort_cb, None)
+        try:
+            yield
+        finally:
+            self._c.llama_set_abort_callback(self._ctx, self._c.ggml_abort_callback(), None)
+            self._interrupt = None
 
     # ---------------------------------------------------------------- sequences
     @property
@@ -318,6 +346,8 @@ class LlamaCppBackend(_SequenceOps):
         rows: list[np.ndarray] = []
         try:
             for offset in range(0, len(tokens), self._n_batch):
+                if offset and self._should_abort(None):  # between a long prompt's batches
+                    raise ForwardInterrupted("the forward was interrupted: its requests were cancelled")
                 n = min(self._n_batch, len(tokens) - offset)
                 chunk = slice(offset, offset + n)
                 self._b_token[:n], self._b_pos[:n] = tokens[chunk], pos[chunk]
@@ -330,6 +360,8 @@ class LlamaCppBackend(_SequenceOps):
                     self._b_logits[n - 1] = 1  # llama.cpp expects at least one output per decode
                 self._batch.n_tokens = n
                 rc = self._c.llama_decode(self._ctx, self._batch)
+                if rc == 2 and self._interrupt is not None:
+                    raise ForwardInterrupted("the forward was interrupted: its requests were cancelled")
                 if rc != 0:
                     raise BackendError(f"llama_decode failed with code {rc} at position {int(pos[offset])}")
                 if read:

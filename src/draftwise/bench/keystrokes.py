@@ -5,6 +5,12 @@ request every `every` characters, as llama.vim builds it (input_prefix: the line
 the typed part of the line, input_suffix: the lines after, n_indent, the editor's sampling
 chain, t_max_prompt_ms / t_max_predict_ms). Three modes send the same requests:
 
+Before typing (in the typing and warm modes) the session sends the request an editor sends when
+the cursor arrives on the new line (nothing typed yet) and waits for its answer, as a user reads
+the suggestion before typing on: the file around the cursor is then in the server's cache, as it
+is after an editor's earlier requests in that file. It is recorded (typed 0) and counted in no
+mode's latency; `open_line=False` starts typing on whatever the cache holds.
+
 - typing: at typing speed (a request every `every * char_ms` ms, whether or not the previous one
   has answered), each on a new connection from the same client, so a server that supersedes (draftwise)
   cancels the running one; latency counts the requests that were not superseded.
@@ -139,29 +145,44 @@ async def _send(client: httpx.AsyncClient, url: str, body: dict, mode: str, sess
 
 
 async def _replay(
-    url: str, session: Session, mode: str, *, every: int, char_ms: float, n_predict: int, timeout_s: float, headers
+    url: str,
+    session: Session,
+    mode: str,
+    *,
+    every: int,
+    char_ms: float,
+    n_predict: int,
+    timeout_s: float,
+    headers,
+    open_line: bool = True,
 ) -> list[KeystrokeRecord]:
     points = list(range(every, len(session.typed) + 1, every)) or [len(session.typed)]
     async with httpx.AsyncClient(timeout=timeout_s) as client:
+        opened = []
+        if open_line and mode != "cold":  # the editor's request on the new line, read before typing
+            body = request_body(session, 0, n_predict=n_predict, cold=False)
+            opened.append(await _send(client, url, body, mode, session.name, 0, headers))
         if mode != "typing":
-            out = []
+            out = opened
             for n in points:
                 body = request_body(session, n, n_predict=n_predict, cold=mode == "cold")
                 out.append(await _send(client, url, body, mode, session.name, n, headers))
             return out
         tasks = []
         for i, n in enumerate(points):
-            if i:
+            if i or opened:
                 await asyncio.sleep(every * char_ms / 1000)
             body = request_body(session, n, n_predict=n_predict, cold=False)
             tasks.append(asyncio.ensure_future(_send(client, url, body, mode, session.name, n, headers)))
-        return list(await asyncio.gather(*tasks))
+        return opened + list(await asyncio.gather(*tasks))
 
 
 def summarize(records: Sequence[KeystrokeRecord], mode: str) -> dict:
     """Per mode: requests, errors, superseded, and over the answered ones (not superseded) the
-    median and p95 latency (ms), median prompt tokens read and reused."""
-    mine = [r for r in records if r.mode == mode]
+    median and p95 latency (ms), median prompt tokens read and reused; the requests sent when
+    the line opened (typed 0) are counted apart (`opened`, their median latency)."""
+    opened = [r for r in records if r.mode == mode and r.typed == 0]
+    mine = [r for r in records if r.mode == mode and r.typed > 0]
     done = [r for r in mine if r.ok and not r.superseded]
     lat = sorted(1000 * r.latency_s for r in done)
 
@@ -179,6 +200,8 @@ def summarize(records: Sequence[KeystrokeRecord], mode: str) -> dict:
         "p95_ms": round(lat[min(len(lat) - 1, int(0.95 * len(lat)))], 1) if lat else None,
         "median_prompt_n": median(r.prompt_n for r in done),
         "median_cache_n": median(r.cache_n for r in done),
+        "opened": len(opened),
+        "open_median_ms": round(statistics.median(1000 * r.latency_s for r in opened), 1) if opened else None,
     }
 
 
@@ -194,8 +217,10 @@ def run_keystrokes(
     meta: dict | None = None,
     progress=None,
     modes: Sequence[str] = MODES,
+    open_line: bool = True,
 ) -> dict:
-    """Replay every session in each of modes (typing, warm, cold); returns the results dict."""
+    """Replay every session in each of modes (typing, warm, cold); returns the results dict.
+    open_line: typing and warm sessions first send the request of the opened line (see above)."""
     if not modes or set(modes) - set(MODES):
         raise LoadError(f"modes are {', '.join(MODES)}; got {', '.join(modes) or 'none'}")
     if not sessions:
@@ -220,6 +245,7 @@ def run_keystrokes(
                 n_predict=n_predict,
                 timeout_s=timeout_s,
                 headers=headers,
+                open_line=open_line,
             )
             got = asyncio.run(replay)
             records += got
@@ -233,6 +259,7 @@ def run_keystrokes(
             "every": every,
             "char_ms": char_ms,
             "n_predict": n_predict,
+            "open_line": open_line,
             "sessions": [{"name": s.name, "typed": s.typed, "indent": len(s.indent)} for s in sessions],
             "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         },
@@ -244,13 +271,15 @@ def run_keystrokes(
 def markdown(results: dict) -> str:
     meta = results["meta"]
     rows = [
-        "| mode | requests | answered | superseded | errors | median ms | p95 ms | prompt tokens read | reused |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| mode | requests | answered | superseded | errors | median ms | p95 ms | prompt tokens read | reused "
+        "| open ms |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in results["summary"]:
         rows.append(
             f"| {s['mode']} | {s['requests']} | {s['answered']} | {s['superseded']} | {s['errors']} | "
-            f"{s['median_ms']} | {s['p95_ms']} | {s['median_prompt_n']} | {s['median_cache_n']} |"
+            f"{s['median_ms']} | {s['p95_ms']} | {s['median_prompt_n']} | {s['median_cache_n']} | "
+            f"{s.get('open_median_ms') or '-'} |"
         )
     by_mode = {s["mode"]: s["median_ms"] for s in results["summary"]}
     ratio = ""
@@ -265,7 +294,14 @@ def markdown(results: dict) -> str:
             f"({meta['every'] * meta['char_ms']:.0f} ms apart when typing), n_predict {meta['n_predict']}. "
             "typing: at typing speed, a newer request supersedes the running one; warm: one after another, cache "
             "kept; cold: one after another, nothing reusable. Latency counts answered requests (not superseded); "
-            "prompt tokens read / reused are the server's timings (medians).",
+            "prompt tokens read / reused are the server's timings (medians). "
+            + (
+                "Typing and warm sessions first send the request of the opened line (nothing typed) and wait for "
+                "its answer, as a user reads the suggestion before typing: the file around the cursor is cached "
+                "as after an editor's earlier requests there; those requests are in no latency figure (open ms)."
+                if meta.get("open_line")
+                else "Typing starts on whatever the cache holds (no request of the opened line first)."
+            ),
             "",
             *rows,
             ratio,

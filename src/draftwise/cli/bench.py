@@ -345,6 +345,14 @@ def _print_bench_tables(results: dict) -> None:
     show_default=True,
     help="--keystrokes: lines below sent (llama.vim's n_suffix).",
 )
+@click.option(
+    "--open-line/--no-open-line",
+    default=True,
+    show_default=True,
+    help="--keystrokes: typing and warm sessions first send the request of the opened line (nothing typed) "
+    "and wait for its answer, as an editor asks when the cursor arrives and the user reads the suggestion; "
+    "--no-open-line starts typing on whatever the cache holds.",
+)
 @friendly_errors
 def bench_serve(
     compare_dirs,
@@ -369,6 +377,7 @@ def bench_serve(
     char_ms,
     prefix_lines,
     suffix_lines,
+    open_line,
 ) -> None:
     """Load-test an OpenAI-compatible server: C streaming clients per level; tok/s, TTFT and latency percentiles.
 
@@ -430,6 +439,7 @@ def bench_serve(
                 meta=meta,
                 progress=typed,
                 modes=modes,
+                open_line=open_line,
             )
             report = ks.write_outputs(results, out)
             click.echo(f"results: {out / 'results.json'}\nreport: {report}", err=True)
