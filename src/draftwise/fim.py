@@ -150,12 +150,18 @@ def fim_prompt(
     repo_level: bool = True,
     budget: FimBudget | None = None,
     tokens: FimTokens | None = None,
+    spm: bool = False,
 ) -> FimPrompt:
     """The prompt ids for filling in between prefix (+ prompt, the typed part of the line) and
     suffix, after extra (filename, text) chunks. Prefix-suffix-middle order; every text is
     tokenised as text (a control token's text in code never becomes the control token).
     repo_level: the repo and current-file headers as llama.cpp's /infill writes them, where the
     model has those tokens (always with extra chunks); off, a single-file prompt.
+
+    spm: suffix-prefix-middle order instead (llama.cpp's --spm-infill): <|fim_suffix|>{suffix}
+    <|fim_prefix|>{prefix}{prompt}<|fim_middle|>, so the typed part of the line comes last and
+    everything before it stays cached while a user types; whether the model completes as well
+    that way depends on its training (measured for the default target in README).
 
     Example (Qwen, repo_level=False): ("def f(", "):\\n") -> [<|fim_prefix|>, "def", " f", "(", <|fim_suffix|>,
     "):\\n", <|fim_middle|>].
@@ -191,5 +197,6 @@ def fim_prompt(
         ids_suffix = ids_suffix[:n_suffix]
         ids_extra = ids_extra[len(ids_extra) - n_extra :]
     bos = tokenizer.encode("", add_special=True)  # [BOS] where the model adds one, else []
-    ids = [*bos, *ids_extra, tokens.prefix, *ids_prefix, *ids_prompt, tokens.suffix, *ids_suffix, tokens.middle]
+    before, after = [tokens.prefix, *ids_prefix, *ids_prompt], [tokens.suffix, *ids_suffix]
+    ids = [*bos, *ids_extra, *((after + before) if spm else (before + after)), tokens.middle]
     return FimPrompt(ids, *dropped)

@@ -292,3 +292,7 @@ def test_keystroke_replay_through_bench_serve(start_server, tmp_path):
     assert summary["warm"]["median_prompt_n"] < summary["cold"]["median_prompt_n"]
     report = (out / "report.md").read_text()
     assert "| typing |" in report and "Median latency against cold: typing" in report
+    # each answered request against the same request sent cold
+    same = {a["mode"]: a for a in results["against_cold"]}
+    assert same["warm"]["pairs"] == 6 and same["typing"]["pairs"] == summary["typing"]["answered"]
+    assert "Against the same requests sent cold" in report

@@ -205,6 +205,27 @@ def summarize(records: Sequence[KeystrokeRecord], mode: str) -> dict:
     }
 
 
+def against_cold(records: Sequence[KeystrokeRecord], mode: str) -> dict | None:
+    """Each answered request of mode (typed > 0, not superseded) against the same request
+    (session, characters typed) sent cold: the median of the per-request latency ratios, and
+    the two medians over those pairs. None without such pairs."""
+    cold = {(r.session, r.typed): r.latency_s for r in records if r.mode == "cold" and r.ok}
+    pairs = [
+        (r.latency_s, cold[(r.session, r.typed)])
+        for r in records
+        if r.mode == mode and r.typed > 0 and r.ok and not r.superseded and (r.session, r.typed) in cold
+    ]
+    if not pairs:
+        return None
+    return {
+        "mode": mode,
+        "pairs": len(pairs),
+        "median_ratio": round(statistics.median(a / b for a, b in pairs), 3),
+        "median_ms": round(1000 * statistics.median(a for a, _ in pairs), 1),
+        "cold_median_ms": round(1000 * statistics.median(b for _, b in pairs), 1),
+    }
+
+
 def run_keystrokes(
     url: str,
     sessions: Sequence[Session],
@@ -264,6 +285,7 @@ def run_keystrokes(
             "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         },
         "summary": [summarize(records, mode) for mode in modes],
+        "against_cold": [a for mode in modes if mode != "cold" and (a := against_cold(records, mode))],
         "records": [asdict(r) for r in records],
     }
 
@@ -286,6 +308,16 @@ def markdown(results: dict) -> str:
     if by_mode.get("cold"):
         parts = [f"{m} {by_mode[m] / by_mode['cold']:.2f}" for m in ("typing", "warm") if by_mode.get(m)]
         ratio = f"\nMedian latency against cold: {', '.join(parts)}.\n" if parts else ""
+    same = [
+        f"{a['mode']} {a['median_ratio']:.2f} ({a['pairs']} requests: median {a['median_ms']:.0f} ms, the same "
+        f"requests cold {a['cold_median_ms']:.0f} ms)"
+        for a in results.get("against_cold", [])
+    ]
+    if same:
+        ratio += (
+            "Against the same requests sent cold (median of each answered request's latency over its cold "
+            f"latency): {'; '.join(same)}.\n"
+        )
     return "\n".join(
         [
             "# Keystroke replay (/infill)",
