@@ -3,7 +3,8 @@
 A session types the first line of a `fim` suite cut (the removed text) into its file: an /infill
 request every `every` characters, as llama.vim builds it (input_prefix: the lines above, prompt:
 the typed part of the line, input_suffix: the lines after, n_indent, the editor's sampling
-chain, t_max_prompt_ms / t_max_predict_ms). Three modes send the same requests:
+chain, t_max_prompt_ms / t_max_predict_ms). Three modes send the same requests, session by
+session (each session in every mode before the next, so drift of the machine hits all alike):
 
 Before typing (in the typing and warm modes) the session sends the request an editor sends when
 the cursor arrives on the new line (nothing typed yet) and waits for its answer, as a user reads
@@ -226,6 +227,23 @@ def against_cold(records: Sequence[KeystrokeRecord], mode: str) -> dict | None:
     }
 
 
+def host() -> dict:
+    """This machine's CPU as a figure's reader needs it (the server's, when it runs here)."""
+    import os
+    import platform
+
+    info = {"machine": platform.machine(), "cpus": os.cpu_count()}
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return info
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    flags = set(fields.get("flags\t\t", fields.get("flags", "")).split())
+    info["cpu"] = fields.get("model name\t", "").strip() or None
+    info["isa"] = next((isa for isa in ("amx_tile", "avx512f", "avx2") if isa in flags), None)
+    return info
+
+
 def run_keystrokes(
     url: str,
     sessions: Sequence[Session],
@@ -255,8 +273,10 @@ def run_keystrokes(
     if probe.status_code != 200:
         raise LoadError(f"{url}/infill answered {probe.status_code}: {_error_message(probe.content)}")
     records: list[KeystrokeRecord] = []
-    for mode in modes:
-        for session in sessions:
+    # Session by session, each in every mode: a machine that speeds up or slows down during the
+    # replay shifts every mode alike, so the ratios between modes stay side by side.
+    for session in sessions:
+        for mode in modes:
             replay = _replay(
                 url,
                 session,
@@ -281,6 +301,7 @@ def run_keystrokes(
             "char_ms": char_ms,
             "n_predict": n_predict,
             "open_line": open_line,
+            "host": host(),
             "sessions": [{"name": s.name, "typed": s.typed, "indent": len(s.indent)} for s in sessions],
             "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         },
@@ -322,7 +343,8 @@ def markdown(results: dict) -> str:
         [
             "# Keystroke replay (/infill)",
             "",
-            f"Server {meta['url']}; {len(meta['sessions'])} sessions, a request every {meta['every']} characters "
+            f"Server {meta['url']}; client host {_host_line(meta.get('host'))}; "
+            f"{len(meta['sessions'])} sessions, a request every {meta['every']} characters "
             f"({meta['every'] * meta['char_ms']:.0f} ms apart when typing), n_predict {meta['n_predict']}. "
             "typing: at typing speed, a newer request supersedes the running one; warm: one after another, cache "
             "kept; cold: one after another, nothing reusable. Latency counts answered requests (not superseded); "
@@ -341,6 +363,12 @@ def markdown(results: dict) -> str:
             "",
         ]
     )
+
+
+def _host_line(info: dict | None) -> str:
+    if not info:
+        return "not recorded"
+    return f"{info.get('cpu') or info.get('machine')}, {info.get('cpus')} CPUs, {info.get('isa') or 'no AVX2'}"
 
 
 def write_outputs(results: dict, out: Path) -> Path:
