@@ -182,11 +182,19 @@ class Batcher:
                 return events
             # A tree (several branches in one pass) is a one-request case, chosen here.
             trees = len(decoding) == 1 and not prefills and decoding[0].request.trees
-            # A forward that only reads prompts stops part-way once every request in it is
-            # cancelled (an editor's request superseded mid-prompt): the newer one need not wait
-            # for a chunk of a prompt it does not share.
+            # A forward that reads the last chunks of prompts stops part-way once every request
+            # in it is cancelled (an editor's request superseded mid-prompt): the newer one need
+            # not wait for a part it does not share. Only last chunks (of a chunked read): what
+            # changes between an editor's requests (the typed line, the suffix) is at a FIM
+            # prompt's end, and the earlier chunks (extra context, the lines above) are what the
+            # newer request reuses, so they are read to their end.
             watched = [a.request.cancelled for a, _ in prefills]
-            stoppable = not decoding and all(c is not None for c in watched)
+            stoppable = (
+                not decoding
+                and self.prefill_chunk is not None
+                and all(c is not None for c in watched)
+                and all(len(chunk) == len(a.pending) for a, chunk in prefills)
+            )
             try:
                 with interruptible(self.engine.target, lambda: all(c() for c in watched)) if stoppable else _NO_STOP:
                     result = step(

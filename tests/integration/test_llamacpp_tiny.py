@@ -406,10 +406,10 @@ def test_an_interrupted_forward_leaves_the_cache_as_before(tiny_gguf_dir):
 
 
 def test_a_prompt_read_stops_when_its_request_is_superseded(tiny_gguf_dir):
-    """A forward that only reads prompts stops part-way once every request in it is cancelled
-    (an editor's newer request): the request ends as cancelled with its slot's cache as before
-    that forward, and the next request on the slot decodes as it would have alone. A forward
-    with a request still wanted is never stopped."""
+    """The forward reading a prompt's last chunk (what changes between an editor's requests)
+    stops part-way once every request in it is cancelled: the request ends as cancelled with its
+    slot's cache as before that forward, and the next request on the slot decodes as it would
+    have alone. An earlier chunk (what the newer request reuses) is read to its end."""
     from draftwise.batching import Batcher
 
     prompt = PROMPT * 3
@@ -418,6 +418,8 @@ def test_a_prompt_read_stops_when_its_request_is_superseded(tiny_gguf_dir):
     try:
         engine = Engine(target, [NgramDrafter(1, 3)], speculation=SpeculationConfig(policy="fixed"))
         alone = engine.generate(prompt, sampling=sampling).token_ids
+        ids = engine.encode_prompt(prompt)
+        assert len(ids) > 30
         target.reset()
         batcher = Batcher(engine, prefill_chunk=10)
         asked = {"armed": False, "n": 0}
@@ -431,9 +433,14 @@ def test_a_prompt_read_stops_when_its_request_is_superseded(tiny_gguf_dir):
         first = engine.stream(prompt, sampling=sampling, cancelled=superseded_mid_forward)
         slot = batcher.add(first, share_from=lambda i: False)
         batcher.step()  # reads 10 prompt tokens
+        asked["armed"] = True  # cancelled during the next forward, a middle chunk: read whole
+        batcher.step()
+        assert batcher.num_interrupted == 0 and len(engine.slot(slot).target.cached_ids) == 20
+        asked.update(armed=False, n=0)
+        while len(batcher.active[0].pending) > 10:
+            batcher.step()
         read = engine.slot(slot).target.cached_ids
-        assert len(read) == 10
-        asked["armed"] = True
+        asked["armed"] = True  # cancelled during the last chunk's forward: stopped
         events = batcher.step()
         assert batcher.num_interrupted == 1 and not batcher.active
         assert first.result.stats.finish_reason == "cancelled" and any(e.generation is first for e in events)
