@@ -323,6 +323,16 @@ def test_batched_greedy_equals_single_llamacpp(tiny_gguf_dir):
             b.close()
 
 
+def _slotted(tiny_gguf_dir, slots, prompt, sampling):
+    """A target with slots, an engine over it (fixed policy, n-gram drafts), the prompt's answer
+    decoded alone (in slot 0, which then forgets it) and its ids."""
+    target = LlamaCppBackend(tiny_gguf_dir / "target.gguf", n_ctx=512, n_threads=1, slots=slots)
+    engine = Engine(target, [NgramDrafter(1, 3)], speculation=SpeculationConfig(policy="fixed"))
+    alone = engine.generate(prompt, sampling=sampling).token_ids
+    target.reset()  # slot 0 forgets; the first request of a test reads the prompt in slot 0
+    return target, engine, alone, engine.encode_prompt(prompt)
+
+
 def test_a_slot_takes_the_prompt_prefix_another_slot_holds(tiny_gguf_dir):
     """n > 1 choices of one prompt, or an editor's completions of one prompt: the second slot
     shares the first one's cached prompt (llama.cpp KV cells, no copy, no second read) and
@@ -331,13 +341,9 @@ def test_a_slot_takes_the_prompt_prefix_another_slot_holds(tiny_gguf_dir):
 
     prompt = PROMPT * 3
     sampling = SamplingParams(max_tokens=12, ignore_eos=True)
-    target = LlamaCppBackend(tiny_gguf_dir / "target.gguf", n_ctx=512, n_threads=1, slots=3)
+    target, engine, alone, ids = _slotted(tiny_gguf_dir, 3, prompt, sampling)
     try:
-        engine = Engine(target, [NgramDrafter(1, 3)], speculation=SpeculationConfig(policy="fixed"))
-        alone = engine.generate(prompt, sampling=sampling).token_ids
-        ids = engine.encode_prompt(prompt)
         assert len(ids) > MIN_SHARED + 2
-        target.reset()  # slot 0 forgets; the first request below reads the prompt in slot 0
 
         batcher = Batcher(engine, prefill_chunk=None)
         first = engine.stream(prompt, sampling=sampling)
@@ -414,13 +420,9 @@ def test_a_prompt_read_stops_when_its_request_is_superseded(tiny_gguf_dir):
 
     prompt = PROMPT * 3
     sampling = SamplingParams(max_tokens=8, ignore_eos=True)
-    target = LlamaCppBackend(tiny_gguf_dir / "target.gguf", n_ctx=512, n_threads=1, slots=2)
+    target, engine, alone, ids = _slotted(tiny_gguf_dir, 2, prompt, sampling)
     try:
-        engine = Engine(target, [NgramDrafter(1, 3)], speculation=SpeculationConfig(policy="fixed"))
-        alone = engine.generate(prompt, sampling=sampling).token_ids
-        ids = engine.encode_prompt(prompt)
         assert len(ids) > 30
-        target.reset()
         batcher = Batcher(engine, prefill_chunk=10)
         asked = {"armed": False, "n": 0}
 

@@ -39,6 +39,7 @@ import httpx
 
 from draftwise.bench.load import LoadError, _error_message
 from draftwise.bench.prompts import Prompt
+from draftwise.bench.timing import host_info
 
 FORMAT = "draftwise-bench-keystrokes/1"
 MODES = ("typing", "warm", "cold")
@@ -227,23 +228,6 @@ def against_cold(records: Sequence[KeystrokeRecord], mode: str) -> dict | None:
     }
 
 
-def host() -> dict:
-    """This machine's CPU as a figure's reader needs it (the server's, when it runs here)."""
-    import os
-    import platform
-
-    info = {"machine": platform.machine(), "cpus": os.cpu_count()}
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return info
-    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
-    flags = set(fields.get("flags\t\t", fields.get("flags", "")).split())
-    info["cpu"] = fields.get("model name\t", "").strip() or None
-    info["isa"] = next((isa for isa in ("amx_tile", "avx512f", "avx2") if isa in flags), None)
-    return info
-
-
 def run_keystrokes(
     url: str,
     sessions: Sequence[Session],
@@ -301,7 +285,7 @@ def run_keystrokes(
             "char_ms": char_ms,
             "n_predict": n_predict,
             "open_line": open_line,
-            "host": host(),
+            "host": host_info(),
             "sessions": [{"name": s.name, "typed": s.typed, "indent": len(s.indent)} for s in sessions],
             "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         },

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -22,7 +21,7 @@ from draftwise.bench import tool_calls
 from draftwise.bench.fim import fim_ids, quality
 from draftwise.bench.methods import MethodSpec, parse_methods
 from draftwise.bench.prompts import Prompt, filler_for, pad_prompt
-from draftwise.bench.timing import CompetingLoad, WindowClock, current_rss_mb, peak_rss_mb
+from draftwise.bench.timing import CompetingLoad, WindowClock, current_rss_mb, host_info, peak_rss_mb
 from draftwise.types import ConfigError, SamplingParams, SpeculationConfig
 
 FORMAT = "draftwise-bench/1"
@@ -196,9 +195,7 @@ class BenchRunner:
         self.variants = self._variants()
         meta = dict(meta or {})
         meta.setdefault("drafters", list(self.drafter_objects))
-        meta.setdefault(
-            "host", {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()}
-        )
+        meta.setdefault("host", host_info())
         self.out_dir.mkdir(parents=True, exist_ok=True)
         if resume and self.path.exists():
             self.results = load_results(self.path)

@@ -7,12 +7,35 @@ tokens) to times by interpolating over characters, which gives tokens/s per wind
 
 from __future__ import annotations
 
+import os
+import platform
 import resource
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
+
+
+def host_info() -> dict:
+    """This machine as a figure's reader needs it: platform, Python, CPUs, and where Linux tells,
+    the CPU's model and its widest vector extension (amx_tile, avx512f, avx2 or None)."""
+    info = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+    }
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return info
+    fields = {k.strip(): v.strip() for k, v in (line.split(":", 1) for line in text.splitlines() if ":" in line)}
+    flags = set(fields.get("flags", "").split())
+    info["cpu"] = fields.get("model name") or None
+    info["isa"] = next((isa for isa in ("amx_tile", "avx512f", "avx2") if isa in flags), None)
+    return info
 
 
 class WindowClock:
