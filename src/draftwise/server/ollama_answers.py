@@ -19,7 +19,7 @@ from draftwise.server import choices
 from draftwise.server import ollama_protocol as o
 from draftwise.server.ollama_requests import tagged
 from draftwise.server.serving import Finished
-from draftwise.tools import StreamEvent, ToolCall, format_for
+from draftwise.tools import ToolCall, format_for
 
 # The Ollama release whose API (docs/api.md) these routes follow; clients gate features on it.
 OLLAMA_VERSION = "0.33.0"
@@ -106,41 +106,6 @@ def ollama_call(call: ToolCall, index: int) -> dict:
     Example: ToolCall("call_1", "f", '{"x": 1}'), 0 -> {"id": "call_1", "function": {"index": 0,
     "name": "f", "arguments": {"x": 1}}}."""
     return {"id": call.id, "function": {"index": index, "name": call.name, "arguments": json.loads(call.arguments)}}
-
-
-class StreamedCalls:
-    """A streamed answer's parser events -> its text and its whole calls, in order: Ollama streams
-    each call once, complete (a call is complete when the next begins, or at the end)."""
-
-    def __init__(self) -> None:
-        self._open: dict[str, Any] | None = None
-        self._count = 0
-
-    def feed(self, events: Sequence[StreamEvent]) -> list[str | dict]:
-        out: list[str | dict] = []
-        for event in events:
-            if event.content:
-                out.append(event.content)
-            elif event.name is not None:
-                out.extend(self._close())
-                self._open = {"id": event.id, "name": event.name, "arguments": ""}
-            elif event.arguments and self._open is not None:
-                self._open["arguments"] += event.arguments
-        return out
-
-    def finish(self, events: Sequence[StreamEvent]) -> list[str | dict]:
-        return [*self.feed(events), *self._close()]
-
-    @property
-    def count(self) -> int:
-        return self._count
-
-    def _close(self) -> list[dict]:
-        if self._open is None:
-            return []
-        call, self._open = self._open, None
-        self._count += 1
-        return [ollama_call(ToolCall(call["id"], call["name"], call["arguments"] or "{}"), self._count - 1)]
 
 
 # ---------------------------------------------------------------------- models

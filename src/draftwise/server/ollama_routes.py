@@ -212,22 +212,30 @@ def install(app: FastAPI, model_name: str) -> None:
             content, calls = _whole_answer(tools, done.result.text)
             chunk = a.chat_chunk(body.model, content, calls, a.logprobs(tokenizer, done.result.logprobs or ()))
             return JSONResponse(a.finished(chunk, done, started, speculative(done)))
-        calls = a.StreamedCalls() if tools else None
+        sent = []  # the content streamed so far
 
-        def chunks(items: list[str | dict]) -> list[dict]:
-            return [
-                a.chat_chunk(body.model, item) if isinstance(item, str) else a.chat_chunk(body.model, "", [item])
-                for item in items
-            ]
+        def content(events) -> list[dict]:
+            texts = [e.content for e in events if e.content]
+            sent.extend(texts)
+            return [a.chat_chunk(body.model, text) for text in texts]
 
         def piece(event: Piece) -> list[dict]:
             if tools is None:
                 return [a.chat_chunk(body.model, event.text, logprobs=a.logprobs(tokenizer, event.logprobs))]
-            return chunks(calls.feed(tools.feed(0, event.text)))
+            return content(tools.feed(0, event.text))  # calls come whole, at the end
 
         def last(done: Finished) -> list[dict]:
-            held = [] if tools is None else chunks(calls.finish(tools.finish(0)[0]))
-            return [*held, a.finished(a.chat_chunk(body.model), done, started, speculative(done))]
+            out = [] if tools is None else content(tools.finish(0)[0])
+            if tools is not None:
+                # The calls as the whole answer holds them; an answer cut inside a call (num_predict)
+                # has none, and its held-back text is content, as in the answer not streamed.
+                text, calls = _whole_answer(tools, done.result.text)
+                so_far = "".join(sent)
+                if calls:
+                    out.append(a.chat_chunk(body.model, "", calls))
+                elif text.startswith(so_far) and len(text) > len(so_far):
+                    out.append(a.chat_chunk(body.model, text[len(so_far) :]))
+            return [*out, a.finished(a.chat_chunk(body.model), done, started, speculative(done))]
 
         return ndjson(streamed(job, request, piece, last))
 
