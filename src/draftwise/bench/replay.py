@@ -1,7 +1,7 @@
 """Replay a bench run's baseline answers through the auto policy and free drafters, without the model.
 
 Greedy decoding commits the target's argmax, so the baseline's answer is what a
-speculative run commits too (up to llama.cpp's batched near-tie flips, DESIGN.md
+speculative run commits too (up to llama.cpp's batched near-tie flips, docs/design.md
 section 7). Replaying it step by step with the real AutoPolicy and drafters, and the
 run's calibrated cost curve in place of the target's timings, shows what each drafter
 set would have drafted, got accepted and cost: the same decisions on every run, no

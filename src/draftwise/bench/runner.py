@@ -376,7 +376,7 @@ class BenchRunner:
         runs: dict[tuple[int, int], list[dict]] = {}
         # Baseline first: its answers become every method's conversation history, so later
         # turns pose the same task to every method. (Batched verification on llama.cpp can
-        # flip a near-tie, DESIGN.md section 7; a method's own, different answer would
+        # flip a near-tie, docs/design.md section 7; a method's own, different answer would
         # otherwise change what the next turn measures.)
         order = sorted(
             range(len(self.variants)),
@@ -484,7 +484,7 @@ class BenchRunner:
         first differing position, both tokens, and the gap between their logprobs in plain
         decoding's row there (plain decoding run again with logprobs, after the timed
         runs, see divergence()). A gap of a few hundredths of a nat is a near-tie that batched
-        numerics can flip (DESIGN.md section 7); a large one would be a bug."""
+        numerics can flip (docs/design.md section 7); a large one would be a bug."""
         base = {
             (r["turn"], r.get("constrained", False)): r
             for r in records
