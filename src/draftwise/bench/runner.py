@@ -272,7 +272,8 @@ class BenchRunner:
         return self.results
 
     def _global_warmup(self) -> None:
-        """Every method once on a short text: lazy set-up (e.g. the auto policy's calibration) happens here."""
+        """Every method once on a short text: each method's policy is made and its first use paid
+        here, untimed (the auto policy's curves were calibrated at load, loading.load)."""
         sampling = SamplingParams(max_tokens=WARMUP_TOKENS, ignore_eos=True)
         for variant in {v.method.name: v for v in self.variants}.values():
             if self.progress:
@@ -730,6 +731,7 @@ def run_bench(engine, prompts: Sequence[Prompt], config: BenchConfig, out_dir: s
 class LoadedBench:
     engine: Any
     memory: dict = field(default_factory=dict)
+    calibration_ms: float = 0.0  # measuring cost curves at load (0.0: cached), never in a timed run
 
 
 def load_bench_engine(
@@ -741,56 +743,57 @@ def load_bench_engine(
     progress=None,
     datastore: str | None = None,
     auto_only: bool = False,
+    calibrate: bool = False,
+    calibration_progress=None,
 ) -> LoadedBench:
-    """Load the target (+ n-gram drafter) and, only if a method needs it, the draft model.
+    """Load the target with every free drafter and, only if a method needs it, the draft model
+    (through loading.load, which decides what is loaded and skipped).
 
     Resident memory is read before loading, after the target has decoded a few tokens,
     and after the draft model has too (mapped weights count once touched), so the draft
     model's memory overhead is the difference: target+draft minus target alone. When only
-    auto methods want it (auto_only), a draft model that cannot pay here is not kept, as in
-    load_engine: the memory column then shows what the default costs.
+    auto methods want it (auto_only), a draft model that cannot pay here is not kept, as
+    under the auto policy anywhere: the memory column then shows what the default costs.
+    calibrate: the cost curves auto methods price with are measured (or read) at load.
     """
-    from draftwise.drafters import ModelDrafter
     from draftwise.engine import Engine
-    from draftwise.loading import FREE_DRAFTERS, datastore_drafter, draft_model_verdict, free_drafter, load_backend
+    from draftwise.loading import FREE_DRAFTERS, load
 
+    if need_draft and not draft_model:
+        raise ConfigError("a method needs the draft model, but none is set (--draft-model)")
     memory = {"rss_start_mb": round(current_rss_mb(), 1)}
-    target_backend = load_backend(target, options, progress)
-    free = [free_drafter(name, options) for name in FREE_DRAFTERS]
-    if datastore:
-        free.append(datastore_drafter(datastore))
-    engine = Engine(target_backend, free)
-    _touch(engine, None)
-    memory["rss_target_mb"] = round(current_rss_mb(), 1)
-    memory["target_overhead_mb"] = round(memory["rss_target_mb"] - memory["rss_start_mb"], 1)
-    if need_draft:
-        if not draft_model:
-            raise ConfigError("a method needs the draft model, but none is set (--draft-model)")
-        try:
-            draft_backend = load_backend(draft_model, replace(options, n_seq_max=1), progress)
-            reason = draft_model_verdict(target_backend, draft_backend, None) if auto_only else ""
-            if reason:
-                draft_backend.close()
-            else:
-                engine = Engine(target_backend, [*free, ModelDrafter(draft_backend, name="draft")])
-        except BaseException:
-            target_backend.close()
-            raise
-        if reason:
-            engine.skipped_drafters = {"draft": reason}
-            memory["draft_skipped"] = reason
-        else:
-            _touch(engine, "draft")
-            memory["rss_target_and_draft_mb"] = round(current_rss_mb(), 1)
-            memory["draft_overhead_mb"] = round(memory["rss_target_and_draft_mb"] - memory["rss_target_mb"], 1)
+
+    def target_alone(backend) -> None:
+        _touch(Engine(backend), None)
+        memory["rss_target_mb"] = round(current_rss_mb(), 1)
+        memory["target_overhead_mb"] = round(memory["rss_target_mb"] - memory["rss_start_mb"], 1)
+
+    loaded = load(
+        target,
+        ",".join([*FREE_DRAFTERS, *([draft_model] if need_draft else [])]),
+        options=options,
+        speculation=SpeculationConfig(policy="auto" if auto_only else "fixed"),
+        progress=progress,
+        datastore=datastore,
+        calibrate=calibrate,
+        calibration_progress=calibration_progress,
+        on_target=target_alone,
+    )
+    engine = loaded.engine
+    if "draft" in engine.skipped_drafters:
+        memory["draft_skipped"] = engine.skipped_drafters["draft"]
+    elif need_draft:
+        _touch(engine, "draft")
+        memory["rss_target_and_draft_mb"] = round(current_rss_mb(), 1)
+        memory["draft_overhead_mb"] = round(memory["rss_target_and_draft_mb"] - memory["rss_target_mb"], 1)
     memory["peak_rss_after_load_mb"] = round(peak_rss_mb(), 1)
-    return LoadedBench(engine, memory)
+    return LoadedBench(engine, memory, loaded.calibration.ms)
 
 
 def _touch(engine, drafter: str | None) -> None:
-    spec = (
-        SpeculationConfig(enabled=False) if drafter is None else SpeculationConfig(policy="fixed", max_draft_tokens=2)
-    )
+    """A few tokens decoded, so the model's mapped weights count in resident memory (a fixed
+    policy: a plain run needs no calibration)."""
+    spec = SpeculationConfig(policy="fixed", enabled=drafter is not None, max_draft_tokens=2)
     engine.generate(
         "The quick brown fox jumps over the lazy dog. " * 4,
         sampling=SamplingParams(max_tokens=8),

@@ -13,7 +13,15 @@ from pathlib import Path
 import click
 
 from draftwise import models
-from draftwise.cli.common import csv, download_progress, friendly_errors, load_options, model_options, say_skipped
+from draftwise.cli.common import (
+    calibration_progress,
+    csv,
+    download_progress,
+    friendly_errors,
+    load_options,
+    model_options,
+    say_skipped,
+)
 from draftwise.errors import ConfigError
 from draftwise.loading import FREE_DRAFTERS, LoadOptions, datastore_drafter, free_drafter, load_backend
 from draftwise.policy.auto import MAX_K
@@ -181,7 +189,8 @@ def bench(
     if not any(not m.enabled for m in specs):
         click.echo("note: no baseline among the methods, so speedup and identical are not computed", err=True)
     options = replace(load_options(backend, n_ctx, threads, dtype, device), n_seq_max=max(config.branches))
-    with download_progress() as report:
+    # The auto methods' cost curves are calibrated here (first run only), before any run is timed.
+    with download_progress() as report, calibration_progress() as calibrating:
         loaded = load_bench_engine(
             target,
             draft_model,
@@ -190,6 +199,9 @@ def bench(
             progress=report,
             datastore=datastore,
             auto_only=auto_only,
+            # Plain requests also make the engine's auto policy, which reads the target's curve.
+            calibrate=any(m.speculation(1, None).policy == "auto" for m in specs),
+            calibration_progress=calibrating,
         )
     say_skipped(loaded.engine)
     need_draft = need_draft and not loaded.engine.skipped_drafters
@@ -202,6 +214,7 @@ def bench(
         "n_ctx": n_ctx,
         "threads": threads,
         "memory": loaded.memory,
+        "calibration_ms": loaded.calibration_ms,
     }
     runner = BenchRunner(
         loaded.engine, chosen, config, out, resume=resume, progress=RichProgress(), meta=meta, filler_pool=pool
