@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from draftwise import calibrate
 from draftwise.backends.toy import ToyBackend, ToyModel
-from draftwise.bench.runner import load_bench_engine
+from draftwise.bench.engine_setup import calibration_meta, load_bench_engine
 from draftwise.cli import main
 from draftwise.drafters import NgramDrafter
 from draftwise.engine import Engine
@@ -130,8 +130,11 @@ def test_demo_says_once_that_it_calibrated(slow_calibration, tiny, tiny_gguf_dir
 def test_bench_loading_reports_calibration_ms(slow_calibration, tiny):
     options = LoadOptions(threads=1, n_ctx=512)
     first = load_bench_engine(tiny, None, need_draft=False, options=options, calibrate=True)
-    assert first.calibration_ms >= SLOW_MS and "rss_target_mb" in first.memory
+    meta = calibration_meta(first.calibration)
+    assert meta["calibration_ms"] >= SLOW_MS and "rss_target_mb" in first.memory
+    assert meta["calibration"]["target"]["1"] > 0 and meta["calibration_context"]["target"]["context_len"] > 0
     first.engine.target.close()
-    cached = load_bench_engine(tiny, None, need_draft=False, options=options, calibrate=True)
-    assert cached.calibration_ms == 0.0
-    cached.engine.target.close()
+    again = load_bench_engine(tiny, None, need_draft=False, options=options, calibrate=True)
+    cached = calibration_meta(again.calibration)
+    assert cached["calibration_ms"] == 0.0 and cached["calibration"] == meta["calibration"]
+    again.engine.target.close()

@@ -140,8 +140,9 @@ def bench(
     """Benchmark methods per task category; writes results.json, report.md and PNG plots to --out."""
     from draftwise.bench import prompts as bench_prompts
     from draftwise.bench import report as bench_report
+    from draftwise.bench.engine_setup import calibration_meta, load_bench_engine
     from draftwise.bench.methods import parse_methods
-    from draftwise.bench.runner import BenchConfig, BenchRunner, RichProgress, load_bench_engine, load_results
+    from draftwise.bench.runner import BenchConfig, BenchRunner, RichProgress, load_results
 
     out = Path(out_dir)
     if report_only:
@@ -214,7 +215,7 @@ def bench(
         "n_ctx": n_ctx,
         "threads": threads,
         "memory": loaded.memory,
-        "calibration_ms": loaded.calibration_ms,
+        **calibration_meta(loaded.calibration),
     }
     runner = BenchRunner(
         loaded.engine, chosen, config, out, resume=resume, progress=RichProgress(), meta=meta, filler_pool=pool
@@ -416,7 +417,7 @@ def bench_serve(
     if url and serve_args:
         raise click.UsageError("--serve-args is for the server bench-serve starts; it cannot change the one at --url")
     # Chat prompts only: a fill-in-the-middle cut (suffix) or a tool prompt is another request shape.
-    prompts = [p.turns[0] for p in load_suite(suite) if p.suffix is None and not getattr(p, "tools", None)]
+    prompts = [p.turns[0] for p in load_suite(suite) if p.suffix is None and not p.tools]
     server = (
         contextlib.nullcontext()
         if url
