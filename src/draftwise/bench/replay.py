@@ -37,6 +37,7 @@ from draftwise.bench.fim import fim_ids
 from draftwise.bench.prompts import Prompt
 from draftwise.calibrate import CostCurve
 from draftwise.drafters.base import Drafter
+from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.policy import PlanState
 from draftwise.policy.auto import LOOKUP_SHARE, MAX_K, AutoPolicy
 from draftwise.types import ConfigError, SamplingParams, SpeculationConfig, StepStats
@@ -135,7 +136,7 @@ def replay(
             for name, drafters in drafter_sets.items():
                 best_ms = 0.0
                 if oracle:
-                    saved = [d.snapshot() if hasattr(d, "snapshot") else None for d in drafters]
+                    saved = [d.snapshot() if isinstance(d, SuffixDrafter) else None for d in drafters]
                     best_ms = oracle_ms(drafters, speculation, prompt_ids, answer_ids, curve, max_k)
                     for d, state in zip(drafters, saved):
                         if state is not None:
