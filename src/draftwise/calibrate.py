@@ -11,14 +11,15 @@ timings are then fitted to
 (c0 the shortest context timed): W(n), the forward over n rows at c0, is kept per size as
 measured — on llama.cpp 16 tokens can cost less than 12 — but estimated from every context's
 timing at once, so each point averages several rounds' noise instead of carrying one; a + b n is
-what each 1,000 tokens of context add (reading the cache: a; attending from each row: b). Measured
-on the default target, a 2-core AVX-512 host, 2026-12-02: one row 30-36 ms at 256 tokens of
-context, 42-43 at 1,024, 56-61 at 4,096; 64 rows 636-775, 719-948 and 1,120-1,186 ms; two rounds
-of the same grid differed by up to 25% per point, the reason for the pooled fit.
+what each 1,000 tokens of context add (reading the cache: a; attending from each row: b). Two
+rounds of the same grid differ by up to a quarter per point on a shared host, the reason for the
+pooled fit (docs/bench/code-edit-long-4-ctx).
 
 Curves are cached on disk per (model identity, threads, n_ctx); n between measured points is
 linearly interpolated. A cached curve whose single-token cost is far above what the host does
-now (it was measured while something else ran) is measured again.
+now (it was measured while something else ran) is measured again. Measuring takes minutes on a
+real model: callers do it before anything is timed (loading.calibrate_engine), and a `progress`
+callback hears of every round.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +46,9 @@ CONTEXTS = (256, 1024, 2048)
 # A cached curve is measured again when its n=1 cost exceeds this many times a fresh probe's.
 STALE_RATIO = 1.5
 PROBE_CONTEXT, PROBE_REPEATS = 32, 3
+
+# Told (rounds done, rounds in all) as a measurement goes: (0, total) before the first round.
+Progress = Callable[[int, int], None]
 
 
 @dataclass(frozen=True)
@@ -181,19 +185,22 @@ def measure_grid(
     contexts: Sequence[int] | None = None,
     repeats: int = 3,
     max_n: int = MAX_N,
+    progress: Progress | None = None,
 ) -> CostCurve:
     """Time every size at every context, keep the fastest of `repeats` rounds per (context, size),
     and fit them (fit_grid). Contexts in ascending order, all rounds at one before the cache grows
-    to the next: the context is read once (reading it again each round, with 4,096 tokens among
-    the contexts, made the default target's calibration take about 4 minutes on a 2-core host,
-    2026-12-02), and a burst of load that slows one round is dropped by the minimum."""
+    to the next: the context is read once, not once per round (which multiplies the time a long
+    context costs), and a burst of load that slows one round is dropped by the minimum."""
     points = sorted({n for n in points if 1 <= n <= max_n} | {1})
     contexts = sorted(set(contexts or contexts_for(backend, max(points))))
     ids = _context_ids(contexts[-1], backend.vocab_size)
     saved = backend.cached_ids
     backend.reset()
     times: dict[int, dict[int, list[float]]] = {c: {n: [] for n in points} for c in contexts}
+    num_rounds, done = len(contexts) * max(1, repeats), 0
     try:
+        if progress is not None:
+            progress(0, num_rounds)
         backend.prefill(ids[: contexts[0]])
         backend.extend(ids[:1])  # warm-up
         backend.truncate(contexts[0])
@@ -202,6 +209,9 @@ def measure_grid(
                 backend.prefill(ids[backend.num_cached : c])
             for _ in range(max(1, repeats)):
                 _time_sizes(backend, points, c, times[c])
+                done += 1
+                if progress is not None:
+                    progress(done, num_rounds)
     finally:
         backend.reset()
         if saved:
@@ -260,20 +270,29 @@ def stale(backend: Backend, curve: CostCurve) -> bool:
 
 
 def load_or_measure(
-    backend: Backend, *, thorough: bool = False, refresh: bool = False, max_n: int = MAX_N
+    backend: Backend,
+    *,
+    thorough: bool = False,
+    refresh: bool = False,
+    max_n: int = MAX_N,
+    progress: Progress | None = None,
 ) -> CostCurve:
-    """The cached curve for this backend, measuring it (quick or thorough) if absent."""
+    """The cached curve for this backend, measuring it (quick or thorough) if absent; `progress`
+    hears of the measurement's rounds (never called when the cached curve serves)."""
     path = cache_file(backend)
     if path.is_file() and not refresh:
         data = json.loads(path.read_text())
         curve = CostCurve.from_dict(data)
-        # A curve measured for shorter drafts (versions before 2026-12-01 planned at most 32
-        # tokens) is measured again.
+        # A curve measured for shorter drafts than the policy plans now is measured again.
         wanted = max(_points(backend, thorough, max_n))
         if (not thorough or data.get("thorough")) and curve.max_n >= wanted and not stale(backend, curve):
             return curve
     curve = measure_grid(
-        backend, _points(backend, thorough, max_n), repeats=THOROUGH_REPEATS if thorough else QUICK_REPEATS, max_n=max_n
+        backend,
+        _points(backend, thorough, max_n),
+        repeats=THOROUGH_REPEATS if thorough else QUICK_REPEATS,
+        max_n=max_n,
+        progress=progress,
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     # Written aside and renamed: another process reading the cache meanwhile sees the old file or

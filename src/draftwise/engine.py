@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 
 from draftwise.backends.base import Backend, encode_chat, num_slots, utf8
@@ -74,6 +74,7 @@ class Engine:
         *,
         speculation: SpeculationConfig | None = None,
         policy: Policy | None = None,
+        skipped_drafters: Mapping[str, str] | None = None,
     ) -> None:
         self.target = target
         self.drafters = list(drafters)
@@ -85,7 +86,7 @@ class Engine:
                 check_tokenizers(target, draft_backend)
         self.speculation = speculation or SpeculationConfig()
         # Drafters the loader left out, and why (a draft model that cannot pay on this machine).
-        self.skipped_drafters: dict[str, str] = {}
+        self.skipped_drafters: dict[str, str] = dict(skipped_drafters or {})
         self._policies: dict[tuple[int, str, tuple[str, ...]], Policy] = {}
         self._policy_override = policy
         self._slots: list[Slot] = []
@@ -264,6 +265,7 @@ class Engine:
             t_decode=time.perf_counter(),
         )
         policy.begin(drafters, speculation)
+        req.t_decode = time.perf_counter()  # the policy's set-up (a first calibration) is not decoding
         for drafter in drafters:
             drafter.begin(sampling, speculation)
             if hasattr(drafter, "num_prompt_tokens"):  # a draft model applying penalties counts output only

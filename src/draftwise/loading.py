@@ -2,23 +2,30 @@
 
 A model is a registry name (fetched on first use), a GGUF file or a transformers
 model directory. Drafters are named "ngram", "suffix", "grammar", "none", or a draft model; several
-can be given comma-separated ("ngram,qwen2.5-coder-0.5b-instruct") for the auto policy.
+can be given comma-separated ("ngram,qwen2.5-coder-0.5b-instruct") for the auto policy. Models the
+auto policy prices are calibrated here, before anything is timed (calibrate_models).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from draftwise import models
 from draftwise.backends.base import Backend, num_slots
 from draftwise.backends.hf import DEVICES, DTYPES
+from draftwise.calibrate import CostCurve, load_or_measure
 from draftwise.drafters import ModelDrafter, NgramDrafter
+from draftwise.drafters.base import Drafter
 from draftwise.drafters.calls import CallsDrafter
 from draftwise.drafters.grammar import GrammarDrafter
 from draftwise.drafters.prediction import PredictionDrafter
 from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.engine import Engine, check_tokenizers
+from draftwise.policy.auto import DRAFT_MODEL_PRIOR, MIN_GAIN, draft_speedup
+from draftwise.policy.cost import MAX_K
 from draftwise.types import ConfigError, SpeculationConfig
 
 BACKENDS = ("auto", "llamacpp", "hf")
@@ -133,22 +140,66 @@ def free_drafter(name: str, options: LoadOptions = LoadOptions()):
     raise ConfigError(f"unknown free drafter {name!r}; choose from {', '.join(FREE_DRAFTERS)}")
 
 
-def draft_model_verdict(target: Backend, draft: Backend, speculation: SpeculationConfig | None) -> str:
+# Told (model, rounds done, rounds in all) while a model's forward cost is measured; model is
+# "target" or a drafter's name. Never told when every curve is cached.
+CalibrationProgress = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The cost curves the auto policy prices with, measured or read before anything is timed.
+
+    ms: time spent measuring (0.0: every curve was cached); measured: the models measured.
+    """
+
+    curves: Mapping[str, CostCurve] = field(default_factory=dict)
+    ms: float = 0.0
+    measured: tuple[str, ...] = ()
+
+
+def calibrate_models(
+    target: Backend, drafts: Mapping[str, Backend] = {}, progress: CalibrationProgress | None = None
+) -> Calibration:
+    """The target's and each draft model's cost curve (calibrate.load_or_measure: cached, or
+    measured now, for the longest draft the auto policy plans)."""
+    curves, measured, ms = {}, [], 0.0
+    for name, backend, max_n in [("target", target, MAX_K + 1), *((n, b, MAX_K) for n, b in drafts.items())]:
+        told: list[int] = []
+
+        def tell(done: int, total: int, name: str = name, told: list[int] = told) -> None:
+            told.append(done)
+            if progress is not None:
+                progress(name, done, total)
+
+        t0 = time.perf_counter()
+        curves[name] = load_or_measure(backend, max_n=max_n, progress=tell)
+        if told:  # measured, not read from the cache
+            measured.append(name)
+            ms += 1000 * (time.perf_counter() - t0)
+    return Calibration(curves, round(ms, 1), tuple(measured))
+
+
+def draft_model_verdict(
+    target: Backend,
+    draft: Backend,
+    speculation: SpeculationConfig | None,
+    calibration: Calibration | None = None,
+) -> str:
     """Why a draft model is not worth its memory here ('' if it may pay, or the policy is not auto).
 
-    From both models' calibrated costs (measured once, cached). The auto policy starts a draft
-    model's estimate at DRAFT_MODEL_PRIOR acceptance per token and learns it only from the
-    steps that draft with it; if at that acceptance no k beats plain decoding by MIN_GAIN, the
-    policy never drafts with it, so it never learns otherwise, and keeping the model loaded
-    costs its memory for nothing. The message also gives the most it could gain (every token
-    accepted), which is the figure to compare with a host where it pays.
+    From both models' calibrated costs (`calibration`'s "target" and "draft" curves, else
+    measured once and cached). The auto policy starts a draft model's estimate at
+    DRAFT_MODEL_PRIOR acceptance per token and learns it only from the steps that draft with it;
+    if at that acceptance no k beats plain decoding by MIN_GAIN, the policy never drafts with
+    it, so it never learns otherwise, and keeping the model loaded costs its memory for nothing.
+    The message also gives the most it could gain (every token accepted), which is the figure to
+    compare with a host where it pays.
     """
-    from draftwise.calibrate import load_or_measure
-    from draftwise.policy.auto import DRAFT_MODEL_PRIOR, MAX_K, MIN_GAIN, draft_speedup
-
     if speculation is not None and speculation.policy != "auto":
         return ""
-    target_cost, draft_cost = load_or_measure(target, max_n=MAX_K + 1), load_or_measure(draft, max_n=MAX_K)
+    if calibration is None:
+        calibration = calibrate_models(target, {"draft": draft})
+    target_cost, draft_cost = calibration.curves["target"], calibration.curves["draft"]
     at_prior, _ = draft_speedup(target_cost, draft_cost, DRAFT_MODEL_PRIOR)
     if at_prior > MIN_GAIN:
         return ""
@@ -173,7 +224,15 @@ def datastore_drafter(path: str):
     return DatastoreDrafter(path)
 
 
-def load_engine(
+@dataclass(frozen=True)
+class Loaded:
+    """What load() made: the engine, and its models' calibration (empty when none was made)."""
+
+    engine: Engine
+    calibration: Calibration = Calibration()
+
+
+def load(
     target: str = models.DEFAULT_TARGET,
     draft: str | None = "ngram",
     *,
@@ -182,45 +241,70 @@ def load_engine(
     progress=None,
     draft_options: LoadOptions | None = None,
     datastore: str | None = None,
-) -> Engine:
+    calibrate: bool | None = None,
+    calibration_progress: CalibrationProgress | None = None,
+    on_target: Callable[[Backend], None] | None = None,
+) -> Loaded:
     """Load the target, the drafters and an Engine. Raises ConfigError/ModelError/BackendError.
 
-    Under the auto policy (the default) a draft model the policy would never draft with on this
-    machine is unloaded again after calibration (see draft_model_verdict); `engine.skipped_drafters`
-    says why.
+    The one place that decides which drafters are loaded. Under the auto policy (the default) a
+    draft model the policy would never draft with on this machine is closed again after
+    calibration (see draft_model_verdict); the engine's `skipped_drafters` says why.
+
+    calibrate: measure (or read the cached) cost curves of the target and the draft model now,
+    before any request is timed; None: when the policy is auto. A caller that loads with another
+    policy but sends auto requests (the demo, the bench) passes True. on_target is called with
+    the target once it is loaded, before any drafter (the bench reads its memory there).
     """
+    auto = speculation is None or speculation.policy == "auto"
     drafter_names = parse_drafters(draft)
     target_backend = load_backend(target, options, progress)
-    drafters, skipped = [], {}
+    # In the order named: a free drafter, or (None, a draft model's backend) until its verdict.
+    entries: list[tuple[Drafter | None, Backend | None]] = []
     try:
+        if on_target is not None:
+            on_target(target_backend)
         for name in drafter_names:
             if name in FREE_DRAFTERS:
-                drafters.append(free_drafter(name, options))
+                entries.append((free_drafter(name, options), None))
                 continue
+            if any(b is not None for _, b in entries):  # both would be drafter "draft"
+                raise ConfigError(f"one draft model at most; {name!r} is a second (use one, with free drafters)")
             # The draft follows the target's slots: a slot's requests draft on its own sequence.
             draft_backend = load_backend(
                 name, draft_options or replace(options, n_seq_max=1, slots=num_slots(target_backend)), progress
             )
-            try:
-                check_tokenizers(target_backend, draft_backend)  # before any calibration of a useless draft
-            except BaseException:
-                draft_backend.close()
-                raise
-            reason = draft_model_verdict(target_backend, draft_backend, speculation)
+            entries.append((None, draft_backend))
+            check_tokenizers(target_backend, draft_backend)  # before any calibration of a useless draft
+        model_backends = [b for _, b in entries if b is not None]
+        draft_models = {"draft": model_backends[0]} if model_backends else {}
+        calibration = Calibration()
+        if (auto if calibrate is None else calibrate) or (auto and draft_models):
+            calibration = calibrate_models(target_backend, draft_models, calibration_progress)
+        drafters, skipped = [], {}
+        for i, (drafter, backend) in enumerate(entries):
+            if backend is None:
+                drafters.append(drafter)
+                continue
+            reason = draft_model_verdict(target_backend, backend, speculation, calibration) if auto else ""
             if reason:
-                draft_backend.close()
+                entries[i] = (None, None)
+                backend.close()
                 skipped["draft"] = reason
             else:
-                drafters.append(ModelDrafter(draft_backend, name="draft"))
+                drafters.append(ModelDrafter(backend, name="draft"))
         if datastore:
             drafters.append(datastore_drafter(datastore))
-        engine = Engine(target_backend, drafters, speculation=speculation)
-        engine.skipped_drafters = skipped
-        return engine
+        engine = Engine(target_backend, drafters, speculation=speculation, skipped_drafters=skipped)
+        return Loaded(engine, calibration)
     except BaseException:
         target_backend.close()
-        for d in drafters:
-            backend = getattr(d, "backend", None)
+        for _, backend in entries:
             if backend is not None:
                 backend.close()
         raise
+
+
+def load_engine(target: str = models.DEFAULT_TARGET, draft: str | None = "ngram", **kwargs) -> Engine:
+    """load(...)'s engine (the same arguments)."""
+    return load(target, draft, **kwargs).engine

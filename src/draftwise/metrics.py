@@ -1,4 +1,4 @@
-"""Per-request counters and the derived rates of DESIGN.md section 5 (names are fixed).
+"""Per-request counters and the derived rates of docs/design.md section 5 (names are fixed).
 
 num_drafted / num_accepted (draft tokens; the bonus or correction token is excluded),
 num_steps (target forwards after the prompt), acceptance_rate, mean_accepted_tokens,

@@ -1,6 +1,6 @@
 """Greedy equivalence on the real default pair (Qwen2.5-Coder 1.5B target, 0.5B draft).
 
-llama.cpp's logits for a batch of 4+ tokens differ from one-at-a-time logits (DESIGN.md
+llama.cpp's logits for a batch of 4+ tokens differ from one-at-a-time logits (docs/design.md
 section 7), so a near-tie can flip. For each prompt the speculative output must equal
 plain output, or first diverge where the plain run's top-2 logit margin was below
 MARGIN_BOUND. Every divergence is printed (prompt, position, both tokens, margin).

@@ -327,7 +327,6 @@ def test_disconnect_cancels_and_the_next_request_matches_a_fresh_server(start_se
     caplog.set_level(logging.INFO, logger="draftwise.server")
     live = start_server(make_engine(step_delay_s=0.002))
     c = client(live.url)
-    t0 = time.monotonic()
     stream = c.completions.create(
         model=MODEL,
         prompt="a long story about",
@@ -339,11 +338,10 @@ def test_disconnect_cancels_and_the_next_request_matches_a_fresh_server(start_se
     for _, _chunk in zip(range(3), stream):
         pass
     stream.close()  # drops the connection mid-stream
-    deadline = time.monotonic() + 10
-    while metric(live.url, 'draftwise_requests_total{endpoint="completions",finish_reason="cancelled"}') < 1:
-        assert time.monotonic() < deadline, "the generation was not cancelled"
+    ended = 'draftwise_requests_total{endpoint="completions",finish_reason="%s"}'
+    while metric(live.url, ended % "cancelled") + metric(live.url, ended % "length") < 1:  # it ends either way
         time.sleep(0.02)
-    assert time.monotonic() - t0 < 5  # 3000 tokens at >= 2 ms each would take 6 s or more
+    assert metric(live.url, ended % "cancelled") == 1 and metric(live.url, ended % "length") == 0
     assert any("cancelled after" in r.getMessage() and "client disconnected" in r.getMessage() for r in caplog.records)
     assert metric(live.url, "draftwise_generated_tokens_total") < 3000
 

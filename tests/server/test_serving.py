@@ -8,12 +8,12 @@ import asyncio
 import httpx
 import pytest
 
-from draftwise.server.serving import Failed, Finished, Job, JobCancelled, Piece, Serving
+from draftwise.server.serving import Finished, Job, JobCancelled, JobFailed, Piece, Serving
 from draftwise.types import SamplingParams
 from tests.server.conftest import MODEL, make_engine, wait_idle
 
 
-async def drain(job: Job) -> Finished | Failed:
+async def drain(job: Job) -> Finished | JobFailed:
     while True:
         event = await job.next_event()
         if not isinstance(event, Piece):
@@ -36,7 +36,7 @@ def test_jobs_run_in_arrival_order_and_a_queued_cancel_skips_the_engine():
         jobs, events = asyncio.run(scenario())
     finally:
         serving.close()
-    assert isinstance(events[4], Failed) and isinstance(events[4].error, JobCancelled)
+    assert isinstance(events[4], JobFailed) and isinstance(events[4].error, JobCancelled)
     assert jobs[4].started_at is None
     done = [j for j in jobs if j is not jobs[4]]
     assert all(isinstance(events[jobs.index(j)], Finished) for j in done)

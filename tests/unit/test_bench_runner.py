@@ -331,7 +331,7 @@ def test_later_turns_continue_from_the_baselines_answer(tmp_path):
 
 
 def test_drift_corrected_speedup_counts_time_in_each_runs_own_plain_steps():
-    from draftwise.bench.runner import _compare_with_baseline
+    from draftwise.bench.compare import compare_with_baseline as _compare_with_baseline
 
     def rec(policy, steps_ms, plain, tokens=100):
         decode = sum(steps_ms)

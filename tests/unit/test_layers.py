@@ -1,4 +1,4 @@
-"""The import rules of DESIGN.md section 2: no circle between modules, and no import up the layers.
+"""The import rules of docs/design.md section 2: no circle between modules, and no import up the layers.
 
 Every module under src/draftwise is parsed (not imported) and every `import` / `from` of a
 draftwise module counts, function-level ones included; only imports under `if TYPE_CHECKING:`

@@ -71,9 +71,12 @@ class Prompt:
             out["prediction"] = list(self.prediction)
         if self.suffix is not None:
             out["suffix"] = self.suffix
-        for key in ("tools", "tool_choice", "expected_calls"):
-            if getattr(self, key) is not None:
-                out[key] = list(self.expected_calls) if key == "expected_calls" else getattr(self, key)
+        if self.tools is not None:
+            out["tools"] = self.tools
+        if self.tool_choice is not None:
+            out["tool_choice"] = self.tool_choice
+        if self.expected_calls is not None:
+            out["expected_calls"] = list(self.expected_calls)
         return out
 
 

@@ -1,7 +1,7 @@
 """Replay a bench run's baseline answers through the auto policy and free drafters, without the model.
 
 Greedy decoding commits the target's argmax, so the baseline's answer is what a
-speculative run commits too (up to llama.cpp's batched near-tie flips, DESIGN.md
+speculative run commits too (up to llama.cpp's batched near-tie flips, docs/design.md
 section 7). Replaying it step by step with the real AutoPolicy and drafters, and the
 run's calibrated cost curve in place of the target's timings, shows what each drafter
 set would have drafted, got accepted and cost: the same decisions on every run, no
@@ -37,6 +37,7 @@ from draftwise.bench.fim import fim_ids
 from draftwise.bench.prompts import Prompt
 from draftwise.calibrate import CostCurve
 from draftwise.drafters.base import Drafter
+from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.policy import PlanState
 from draftwise.policy.auto import LOOKUP_SHARE, MAX_K, AutoPolicy
 from draftwise.types import ConfigError, SamplingParams, SpeculationConfig, StepStats
@@ -135,7 +136,7 @@ def replay(
             for name, drafters in drafter_sets.items():
                 best_ms = 0.0
                 if oracle:
-                    saved = [d.snapshot() if hasattr(d, "snapshot") else None for d in drafters]
+                    saved = [d.snapshot() if isinstance(d, SuffixDrafter) else None for d in drafters]
                     best_ms = oracle_ms(drafters, speculation, prompt_ids, answer_ids, curve, max_k)
                     for d, state in zip(drafters, saved):
                         if state is not None:

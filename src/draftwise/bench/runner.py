@@ -12,20 +12,47 @@ import json
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
-from datetime import datetime, timezone
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from draftwise.bench import tool_calls
+from draftwise.bench.compare import compare_with_baseline, divergence
+from draftwise.bench.engine_setup import LoadedBench, load_bench_engine
 from draftwise.bench.fim import fim_ids, quality
 from draftwise.bench.methods import MethodSpec, parse_methods
+from draftwise.bench.progress import ProgressSink, RichProgress
 from draftwise.bench.prompts import Prompt, filler_for, pad_prompt
+from draftwise.bench.results import (
+    FORMAT,
+    check_same_run,
+    load_results,
+    norm,
+    now,
+    save_results,
+    unit_key,
+)
 from draftwise.bench.timing import CompetingLoad, WindowClock, current_rss_mb, host_info, peak_rss_mb
+from draftwise.drafters import ModelDrafter, NgramDrafter
+from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.types import ConfigError, SamplingParams, SpeculationConfig
 
-FORMAT = "draftwise-bench/1"
 WARMUP_TOKENS = 4
+
+# What the CLI, scripts and tests read from the runner (some defined in its parts).
+__all__ = [
+    "FORMAT",
+    "BenchConfig",
+    "BenchRunner",
+    "LoadedBench",
+    "ProgressSink",
+    "RichProgress",
+    "divergence",
+    "load_bench_engine",
+    "load_results",
+    "run_bench",
+    "save_results",
+]
 
 
 @dataclass(frozen=True)
@@ -54,7 +81,7 @@ class BenchConfig:
 
     def __post_init__(self) -> None:
         for name in ("methods", "temperatures", "ks", "branches", "draft_temperatures", "context_lengths"):
-            object.__setattr__(self, name, tuple(getattr(self, name)))
+            object.__setattr__(self, name, tuple(vars(self)[name]))
         if not self.methods:
             raise ConfigError("methods: give at least one method")
         if not self.temperatures or any(t < 0 for t in self.temperatures):
@@ -76,7 +103,7 @@ class BenchConfig:
         if self.window_tokens < 1:
             raise ConfigError(f"window_tokens must be >= 1, got {self.window_tokens}")
         for name in ("temperatures", "ks", "branches", "draft_temperatures", "context_lengths"):
-            values = getattr(self, name)
+            values = vars(self)[name]
             if len(set(values)) != len(values):
                 raise ConfigError(f"{name}: a value is given twice in {list(values)}")
         SamplingParams(top_k=self.top_k, top_p=self.top_p, min_p=self.min_p)  # validates the filters
@@ -96,75 +123,6 @@ class Variant:
 
     def speculation(self) -> SpeculationConfig:
         return self.method.speculation(self.k or 1, self.draft_temperature, self.branches)
-
-
-class ProgressSink(Protocol):
-    def start(self, total: int) -> None: ...
-    def update(self, description: str) -> None: ...
-    def advance(self, n: int = 1) -> None: ...
-    def close(self) -> None: ...
-
-
-class RichProgress:
-    """A rich progress bar on stderr: prompt, method, done/total, elapsed and ETA."""
-
-    def __init__(self) -> None:
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
-        self._bar = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
-            console=Console(stderr=True),
-        )
-        self._task = None
-
-    def start(self, total: int) -> None:
-        self._bar.start()
-        self._task = self._bar.add_task("bench", total=total)
-
-    def update(self, description: str) -> None:
-        self._bar.update(self._task, description=description)
-
-    def advance(self, n: int = 1) -> None:
-        self._bar.advance(self._task, n)
-
-    def close(self) -> None:
-        self._bar.stop()
-
-
-# ---------------------------------------------------------------------------- results file
-def save_results(path: Path, results: dict) -> None:
-    """Write atomically (temp file + rename): a crash mid-write never leaves half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(results, indent=1, allow_nan=False))
-    os.replace(tmp, path)
-
-
-def load_results(path: Path) -> dict:
-    try:
-        results = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path} is not valid JSON ({exc.msg}, line {exc.lineno}); cannot resume") from None
-    if results.get("format") != FORMAT:
-        raise ConfigError(f"{path} is not a draftwise bench results file (format {results.get('format')!r})")
-    return results
-
-
-def unit_key(question_id: int, context_tokens: int | None, temperature: float) -> tuple:
-    """A prompt at one context length and temperature: the unit that is saved (and resumed) whole."""
-    return (int(question_id), context_tokens, float(temperature))
 
 
 # ---------------------------------------------------------------------------- the runner
@@ -199,16 +157,16 @@ class BenchRunner:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         if resume and self.path.exists():
             self.results = load_results(self.path)
-            _check_same_run(self.results, config, meta, self.path)
+            check_same_run(self.results, config.to_dict(), meta, self.path)
             self.results["complete"] = False
         elif self.path.exists() and not resume:
             raise ConfigError(f"{self.path} already exists; pass --resume to continue it or choose another --out")
         else:
-            meta["started_at"] = _now()
+            meta["started_at"] = now()
             self.results = {
                 "format": FORMAT,
-                "config": _norm(config.to_dict()),
-                "meta": _norm(meta),
+                "config": norm(config.to_dict()),
+                "meta": norm(meta),
                 "complete": False,
                 "records": [],
             }
@@ -220,9 +178,9 @@ class BenchRunner:
             if not m.enabled:
                 out.append(Variant(m))
                 continue
-            samples = any(not getattr(self.drafter_objects[d], "free", True) for d in m.drafters)
-            # Token trees: only the fixed policy with a drafter that proposes them.
-            trees = m.policy == "fixed" and all(hasattr(self.drafter_objects[d], "propose_tree") for d in m.drafters)
+            samples = any(not self.drafter_objects[d].free for d in m.drafters)
+            # Token trees: only the fixed policy with the drafter that proposes them (n-gram lookup).
+            trees = m.policy == "fixed" and all(isinstance(self.drafter_objects[d], NgramDrafter) for d in m.drafters)
             for k in self.config.ks:
                 for dt in self.config.draft_temperatures if samples else (None,):
                     for b in self.config.branches if trees else (1,):
@@ -230,7 +188,7 @@ class BenchRunner:
         return out
 
     def _uses_model(self, variant: Variant) -> bool:
-        return any(getattr(self.drafter_objects[d], "backend", None) is not None for d in variant.method.drafters)
+        return any(isinstance(self.drafter_objects[d], ModelDrafter) for d in variant.method.drafters)
 
     # ------------------------------------------------------------------ loop
     def run(self) -> dict:
@@ -261,10 +219,10 @@ class BenchRunner:
                     cold = self._warmup(padded)
                     for temperature in todo:
                         records = self._run_unit(padded, prompt, ctx, temperature, cold, history)
-                        self.results["records"].extend(_norm(records))
+                        self.results["records"].extend(norm(records))
                         save_results(self.path, self.results)
             self.results["complete"] = True
-            self.results["meta"]["finished_at"] = _now()
+            self.results["meta"]["finished_at"] = now()
             save_results(self.path, self.results)
         finally:
             if self.progress:
@@ -272,7 +230,8 @@ class BenchRunner:
         return self.results
 
     def _global_warmup(self) -> None:
-        """Every method once on a short text: lazy set-up (e.g. the auto policy's calibration) happens here."""
+        """Every method once on a short text: each method's policy is made and its first use paid
+        here, untimed (the auto policy's curves were calibrated at load, loading.load)."""
         sampling = SamplingParams(max_tokens=WARMUP_TOKENS, ignore_eos=True)
         for variant in {v.method.name: v for v in self.variants}.values():
             if self.progress:
@@ -286,11 +245,6 @@ class BenchRunner:
                 )
             except Exception:  # the measured runs will record the failure
                 pass
-        calibration = cached_calibration(self.engine)
-        if calibration:
-            self.results["meta"]["calibration"] = {name: points for name, (points, _) in calibration.items()}
-            # Where each curve was timed and how it grows with context (replay prices by it).
-            self.results["meta"]["calibration_context"] = {name: ctx for name, (_, ctx) in calibration.items()}
 
     def _pad(self, prompt: Prompt, ctx: int | None) -> Prompt:
         if ctx is None:
@@ -336,7 +290,7 @@ class BenchRunner:
             if not name:
                 rss_before = current_rss_mb()
         if "draft_runtime_overhead_mb" not in self.memory and any(
-            getattr(self.drafter_objects[n], "backend", None) is not None for n in out if n
+            isinstance(self.drafter_objects[n], ModelDrafter) for n in out if n
         ):
             # NOTE: model weights are memory-mapped and count once touched, so the draft model's
             # share of RSS shows after its first use; measured once, on the first prompt.
@@ -348,7 +302,8 @@ class BenchRunner:
         return None if prompt.suffix is None else fim_ids(self.engine.tokenizer, prompt)
 
     def _history_snapshot(self) -> dict:
-        return {name: d.snapshot() for name, d in self.drafter_objects.items() if hasattr(d, "snapshot")}
+        """The state of the drafters that learn from history (suffix trees)."""
+        return {name: d.snapshot() for name, d in self.drafter_objects.items() if isinstance(d, SuffixDrafter)}
 
     def _history_restore(self, history: dict) -> None:
         for name, state in history.items():
@@ -376,7 +331,7 @@ class BenchRunner:
         runs: dict[tuple[int, int], list[dict]] = {}
         # Baseline first: its answers become every method's conversation history, so later
         # turns pose the same task to every method. (Batched verification on llama.cpp can
-        # flip a near-tie, DESIGN.md section 7; a method's own, different answer would
+        # flip a near-tie, docs/design.md section 7; a method's own, different answer would
         # otherwise change what the next turn measures.)
         order = sorted(
             range(len(self.variants)),
@@ -428,49 +383,11 @@ class BenchRunner:
                         reference.setdefault(turn, run["text"])
                     answer = reference.get(turn, run["text"])
                     history = [*messages, {"role": "assistant", "content": answer}]
-        records = []
-        for (vi, turn), tries in sorted(runs.items()):
-            variant = self.variants[vi]
-            record = {
-                "question_id": original.question_id,
-                "category": original.category,
-                "turn": turn,
-                "method": variant.method.name,
-                "policy_name": variant.method.policy if variant.method.enabled else "none",
-                "drafters": list(variant.method.drafters),
-                "k": variant.k,
-                "draft_temperature": variant.draft_temperature,
-                "branches": variant.branches,
-                "temperature": temperature,
-                "context_tokens": ctx,
-                "seed": cfg.seed,
-                "max_tokens": cfg.max_tokens,
-                "repeats": len(tries),
-                "cold_prefill_ms": cold.get("", {}).get("prefill_ms"),
-                "cold_draft_ms": _cold_draft_ms(variant, cold, self._uses_model(variant)),
-                "memory_overhead_mb": (
-                    self.memory.get("draft_overhead_mb", self.memory.get("draft_runtime_overhead_mb"))
-                    if self._uses_model(variant)
-                    else 0.0
-                ),
-                "constrained": (schema is not None or plan is not None) and variant.method.constrained,
-            }
-            failed = [t["error"] for t in tries if t["error"]]
-            if failed:
-                record.update(error=failed[0], speedup=None, identical_to_baseline=None)
-            else:
-                ordered = sorted(tries, key=lambda t: t["decode_tokens_per_second"])
-                best = dict(ordered[(len(ordered) - 1) // 2])  # the (lower) median run, kept whole
-                best["repeats_tokens_per_second"] = [t["decode_tokens_per_second"] for t in tries]
-                record.update(best)
-                if schema is not None:
-                    record.update(_validity(record["text"], schema))
-                if plan is not None:
-                    record.update(tool_calls.scores(record["text"], plan, original.expected_calls or ()))
-                if original.suffix is not None and isinstance(original.reference, str):
-                    record.update(quality(record["text"], original.reference))
-            records.append(record)
-        _compare_with_baseline(records, greedy=temperature == 0.0)
+        records = [
+            self._record(self.variants[vi], turn, tries, original, ctx, temperature, cold, plan)
+            for (vi, turn), tries in sorted(runs.items())
+        ]
+        compare_with_baseline(records, greedy=temperature == 0.0)
         if temperature == 0.0:
             self._explain_differences(records)
         for r in records:
@@ -479,12 +396,66 @@ class BenchRunner:
             r.pop("_sampling", None)
         return records
 
+    def _record(
+        self,
+        variant: Variant,
+        turn: int,
+        tries: list[dict],
+        original: Prompt,
+        ctx: int | None,
+        temperature: float,
+        cold: dict[str, dict],
+        plan,
+    ) -> dict:
+        """One record: a variant's turn of a prompt at one setting, its median run kept whole
+        (the lower one of an even count), scored against the prompt's schema, calls or middle."""
+        cfg, schema = self.config, original.json_schema
+        record = {
+            "question_id": original.question_id,
+            "category": original.category,
+            "turn": turn,
+            "method": variant.method.name,
+            "policy_name": variant.method.policy if variant.method.enabled else "none",
+            "drafters": list(variant.method.drafters),
+            "k": variant.k,
+            "draft_temperature": variant.draft_temperature,
+            "branches": variant.branches,
+            "temperature": temperature,
+            "context_tokens": ctx,
+            "seed": cfg.seed,
+            "max_tokens": cfg.max_tokens,
+            "repeats": len(tries),
+            "cold_prefill_ms": cold.get("", {}).get("prefill_ms"),
+            "cold_draft_ms": _cold_draft_ms(variant, cold, self._uses_model(variant)),
+            "memory_overhead_mb": (
+                self.memory.get("draft_overhead_mb", self.memory.get("draft_runtime_overhead_mb"))
+                if self._uses_model(variant)
+                else 0.0
+            ),
+            "constrained": (schema is not None or plan is not None) and variant.method.constrained,
+        }
+        failed = [t["error"] for t in tries if t["error"]]
+        if failed:
+            record.update(error=failed[0], speedup=None, identical_to_baseline=None)
+        else:
+            ordered = sorted(tries, key=lambda t: t["decode_tokens_per_second"])
+            best = dict(ordered[(len(ordered) - 1) // 2])  # the (lower) median run, kept whole
+            best["repeats_tokens_per_second"] = [t["decode_tokens_per_second"] for t in tries]
+            record.update(best)
+            if schema is not None:
+                record.update(_validity(record["text"], schema))
+            if plan is not None:
+                record.update(tool_calls.scores(record["text"], plan, original.expected_calls or ()))
+            if original.suffix is not None and isinstance(original.reference, str):
+                record.update(quality(record["text"], original.reference))
+        return record
+
     def _explain_differences(self, records: list[dict]) -> None:
         """For each greedy answer that differs from the baseline's, where and by how much: the
         first differing position, both tokens, and the gap between their logprobs in plain
         decoding's row there (plain decoding run again with logprobs, after the timed
         runs, see divergence()). A gap of a few hundredths of a nat is a near-tie that batched
-        numerics can flip (DESIGN.md section 7); a large one would be a bug."""
+        numerics can flip (docs/design.md section 7); a large one would be a bug."""
         base = {
             (r["turn"], r.get("constrained", False)): r
             for r in records
@@ -551,108 +522,6 @@ class BenchRunner:
         }
 
 
-def divergence(
-    engine, prompt_ids: list[int], plain: list[int], other: list[int], sampling: SamplingParams | None = None
-) -> dict:
-    """Where answer `other` leaves `plain` (greedy plain decoding's, under `sampling`'s
-    constraint) and the logprob gap there: {"position", "plain_token", "other_token" (texts),
-    "gap_nats": logprob(plain's token) - logprob(other's) in plain decoding's own row at that
-    position (None: other's token is not among the row's 20 most likely), "reproduced"}. The row
-    is plain decoding's own: plain decoding runs again, a token per forward from the cached
-    prompt as it first ran, with logprobs (reproduced: it gave the same tokens up to there; when
-    it did not, "forced": the row is read after plain's first i tokens given as prompt).
-    Example: a gap of 0.02 is a near-tie."""
-    i = next((j for j, (a, b) in enumerate(zip(plain, other)) if a != b), min(len(plain), len(other)))
-    out: dict = {"position": i, "plain_token": None, "other_token": None, "gap_nats": None}
-    if i >= len(plain) or i >= len(other):  # one answer is the other's prefix: it stopped earlier
-        out["note"] = "one answer ends where the other goes on"
-        return out
-    base = sampling or SamplingParams()
-    probe = engine.generate(
-        prompt_ids=prompt_ids,
-        sampling=replace(base, temperature=0.0, max_tokens=i + 1, logprobs=20, ignore_eos=True, stop=()),
-        speculation=SpeculationConfig(enabled=False),
-    )
-    decode = engine.tokenizer.decode
-    out.update(plain_token=decode([plain[i]]), other_token=decode([other[i]]))
-    out["reproduced"] = list(probe.token_ids[: i + 1]) == list(plain[: i + 1])
-    at = probe.logprobs[i] if probe.logprobs and len(probe.logprobs) > i else None
-    if not out["reproduced"]:
-        # Plain decoding run again took another path before i (its cache was filled otherwise:
-        # llama.cpp's rows then round differently), so its row i has another context. The row
-        # after plain's own first i tokens, read as part of the prompt, has the right one.
-        forced = engine.generate(
-            prompt_ids=list(prompt_ids) + list(plain[:i]),
-            sampling=replace(base, temperature=0.0, max_tokens=1, logprobs=20, ignore_eos=True, stop=()),
-            speculation=SpeculationConfig(enabled=False),
-        )
-        at, out["forced"] = (forced.logprobs[0] if forced.logprobs else None), True
-    if at is not None:
-        row = dict(at.top)
-        if plain[i] in row and other[i] in row:
-            out["gap_nats"] = round(row[plain[i]] - row[other[i]], 4)
-    return out
-
-
-def cached_calibration(engine) -> dict:
-    """Per model, (n -> ms, {context_len, growth}) of the calibrated cost curves already cached on
-    disk for the engine's models; never measures."""
-    try:
-        from draftwise import calibrate
-    except ImportError:
-        return {}
-    out = {}
-    backends = [("target", getattr(engine, "target", None))] + [
-        (d.name, getattr(d, "backend", None)) for d in engine.drafters
-    ]
-    for name, backend in backends:
-        if backend is None:
-            continue
-        try:
-            path = calibrate.cache_file(backend)
-            if path.is_file():
-                curve = calibrate.CostCurve.from_dict(json.loads(path.read_text()))
-                out[name] = (
-                    {str(n): round(ms, 4) for n, ms in curve.points},
-                    {"context_len": curve.context_len, "growth": list(curve.growth)},
-                )
-        except Exception:  # a missing or changed calibration format only loses a plot line
-            continue
-    return out
-
-
-def _compare_with_baseline(records: list[dict], greedy: bool) -> None:
-    """speedup = decode tok/s over the same prompt and turn's baseline; identical: greedy only.
-
-    speedup_drift_corrected measures each run's time in units of its own plain (k = 0) step
-    time, so a machine that slows down or speeds up between two runs (shared, noisy) cancels;
-    None when either run has fewer than MIN_PLAIN_STEPS plain steps to time that unit.
-    """
-    base = {
-        (r["turn"], r.get("constrained", False)): r
-        for r in records
-        if r["policy_name"] == "none" and not r.get("error")
-    }
-    for r in records:
-        if r.get("error"):
-            continue
-        b = base.get((r["turn"], r.get("constrained", False)))
-        if b is None:
-            r["speedup"], r["identical_to_baseline"] = None, None
-            continue
-        b_tps = b["decode_tokens_per_second"]
-        r["speedup"] = r["decode_tokens_per_second"] / b_tps if b_tps > 0 else None
-        r_rate, b_rate = _tokens_per_plain_step(r), _tokens_per_plain_step(b)
-        r["speedup_drift_corrected"] = r_rate / b_rate if r_rate and b_rate else None
-        r["identical_to_baseline"] = (r["_token_ids"] == b["_token_ids"]) if greedy else None
-        free = base.get((r["turn"], False))  # a constrained run against the plain unconstrained one
-        if r.get("constrained") and free is not None and free["decode_tokens_per_second"] > 0:
-            r["speedup_vs_unconstrained"] = r["decode_tokens_per_second"] / free["decode_tokens_per_second"]
-
-
-MIN_PLAIN_STEPS = 8
-
-
 def _constrained(sampling: SamplingParams, schema: Any, variant: Variant) -> SamplingParams:
     """The prompt's JSON schema as the request's constraint, unless the method runs without it."""
     if schema is None or not variant.method.constrained:
@@ -673,14 +542,6 @@ def _validity(text: str, schema: Any) -> dict:
     return {"json_valid": True, "schema_valid": jsonschema.validators.validator_for(schema)(schema).is_valid(value)}
 
 
-def _tokens_per_plain_step(r: dict) -> float | None:
-    """Generated tokens per (mean plain step time) of decoding: a machine-speed-free rate."""
-    plain = r.get("num_plain_steps", 0)
-    if plain < MIN_PLAIN_STEPS or not r.get("decode_ms") or not r.get("plain_step_ms"):
-        return None
-    return r["num_generated"] * (r["plain_step_ms"] / plain) / r["decode_ms"]
-
-
 def _cold_draft_ms(variant: Variant, cold: dict[str, dict], uses_model: bool) -> float | None:
     if not uses_model:
         return None
@@ -699,101 +560,6 @@ def _describe(variant: Variant) -> str:
     return " ".join(parts)
 
 
-def _check_same_run(results: dict, config: BenchConfig, meta: dict, path: Path) -> None:
-    old, new = results.get("config", {}), config.to_dict()
-    for key in new:
-        if _norm(old.get(key)) != _norm(new[key]):
-            raise ConfigError(
-                f"cannot resume {path}: {key} was {old.get(key)!r}, now {new[key]!r}; "
-                "use the same settings or another --out"
-            )
-    for key in ("target", "draft_model"):
-        if key in meta and results.get("meta", {}).get(key) != meta[key]:
-            raise ConfigError(f"cannot resume {path}: {key} was {results['meta'].get(key)!r}, now {meta[key]!r}")
-
-
-def _norm(value: Any) -> Any:
-    return json.loads(json.dumps(value, allow_nan=False))  # as stored: tuples -> lists, int keys -> str
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
 def run_bench(engine, prompts: Sequence[Prompt], config: BenchConfig, out_dir: str | Path, **kwargs) -> dict:
     """Run the bench and return the results dict; results.json in out_dir is kept up to date."""
     return BenchRunner(engine, prompts, config, out_dir, **kwargs).run()
-
-
-# ---------------------------------------------------------------------------- loading with memory probes
-@dataclass
-class LoadedBench:
-    engine: Any
-    memory: dict = field(default_factory=dict)
-
-
-def load_bench_engine(
-    target: str,
-    draft_model: str | None,
-    *,
-    need_draft: bool,
-    options,
-    progress=None,
-    datastore: str | None = None,
-    auto_only: bool = False,
-) -> LoadedBench:
-    """Load the target (+ n-gram drafter) and, only if a method needs it, the draft model.
-
-    Resident memory is read before loading, after the target has decoded a few tokens,
-    and after the draft model has too (mapped weights count once touched), so the draft
-    model's memory overhead is the difference: target+draft minus target alone. When only
-    auto methods want it (auto_only), a draft model that cannot pay here is not kept, as in
-    load_engine: the memory column then shows what the default costs.
-    """
-    from draftwise.drafters import ModelDrafter
-    from draftwise.engine import Engine
-    from draftwise.loading import FREE_DRAFTERS, datastore_drafter, draft_model_verdict, free_drafter, load_backend
-
-    memory = {"rss_start_mb": round(current_rss_mb(), 1)}
-    target_backend = load_backend(target, options, progress)
-    free = [free_drafter(name, options) for name in FREE_DRAFTERS]
-    if datastore:
-        free.append(datastore_drafter(datastore))
-    engine = Engine(target_backend, free)
-    _touch(engine, None)
-    memory["rss_target_mb"] = round(current_rss_mb(), 1)
-    memory["target_overhead_mb"] = round(memory["rss_target_mb"] - memory["rss_start_mb"], 1)
-    if need_draft:
-        if not draft_model:
-            raise ConfigError("a method needs the draft model, but none is set (--draft-model)")
-        try:
-            draft_backend = load_backend(draft_model, replace(options, n_seq_max=1), progress)
-            reason = draft_model_verdict(target_backend, draft_backend, None) if auto_only else ""
-            if reason:
-                draft_backend.close()
-            else:
-                engine = Engine(target_backend, [*free, ModelDrafter(draft_backend, name="draft")])
-        except BaseException:
-            target_backend.close()
-            raise
-        if reason:
-            engine.skipped_drafters = {"draft": reason}
-            memory["draft_skipped"] = reason
-        else:
-            _touch(engine, "draft")
-            memory["rss_target_and_draft_mb"] = round(current_rss_mb(), 1)
-            memory["draft_overhead_mb"] = round(memory["rss_target_and_draft_mb"] - memory["rss_target_mb"], 1)
-    memory["peak_rss_after_load_mb"] = round(peak_rss_mb(), 1)
-    return LoadedBench(engine, memory)
-
-
-def _touch(engine, drafter: str | None) -> None:
-    spec = (
-        SpeculationConfig(enabled=False) if drafter is None else SpeculationConfig(policy="fixed", max_draft_tokens=2)
-    )
-    engine.generate(
-        "The quick brown fox jumps over the lazy dog. " * 4,
-        sampling=SamplingParams(max_tokens=8),
-        speculation=spec,
-        drafters=[drafter] if drafter else None,
-    )

@@ -2,7 +2,7 @@
 
 A thin client of the public API, one module per command group: generate.py (generate, demo),
 complete.py (fill in the middle at a cursor), serve.py (serve, also on Ray), bench.py (bench,
-bench-serve, replay), models.py (pull, calibrate, index); common.py holds what they share. Bad
+bench-serve), replay.py, models.py (pull, calibrate, index); common.py holds what they share. Bad
 arguments end with a one-line message and a non-zero exit status, never a traceback.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import click
 
-from draftwise.cli import bench, complete, generate, models, serve
+from draftwise.cli import bench, complete, generate, models, replay, serve
 
 __all__ = ["main"]
 
@@ -31,6 +31,6 @@ for command in (
     bench.bench_serve,
     models.calibrate,
     models.index,
-    bench.replay,
+    replay.replay,
 ):
     main.add_command(command)

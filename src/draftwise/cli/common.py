@@ -212,6 +212,61 @@ def download_progress():
         bars.stop()
 
 
+# What each model's calibration is called on its progress bar.
+CALIBRATED_MODELS = {"target": "the target", "draft": "the draft model"}
+
+
+def calibration_label(model: str, elapsed_s: float, done: int, total: int) -> str:
+    """A calibration bar's text: what it measures, and how long it takes (estimated from the
+    rounds done so far). Example: ("target", 20, 1, 9) -> "calibrating the target's forward cost
+    (first run only, ~3 min)"."""
+    who = CALIBRATED_MODELS.get(model, f"drafter {model!r}")
+    if done < 1:
+        return f"calibrating {who}'s forward cost (first run only)"
+    if done >= total:
+        return f"calibrated {who}'s forward cost in {format_duration(elapsed_s)} (cached from now on)"
+    return f"calibrating {who}'s forward cost (first run only, ~{format_duration(elapsed_s * total / done)})"
+
+
+def format_duration(seconds: float) -> str:
+    """90 -> '2 min'; 40 -> '40 s'."""
+    return f"{max(1, round(seconds / 60))} min" if seconds >= 60 else f"{max(1, round(seconds))} s"
+
+
+@contextlib.contextmanager
+def calibration_progress():
+    """A loading.CalibrationProgress drawing one bar per model measured (nothing when all are
+    cached), stopped on leaving the block."""
+    import time
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bars = Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=stderr_console())
+    tasks: dict[str, tuple[int, float]] = {}
+
+    def report(model: str, done: int, total: int) -> None:
+        if model not in tasks:
+            bars.start()
+            tasks[model] = (bars.add_task("", total=total), time.perf_counter())
+        task, t0 = tasks[model]
+        bars.update(task, completed=done, description=calibration_label(model, time.perf_counter() - t0, done, total))
+
+    try:
+        yield report
+    finally:
+        bars.stop()
+
+
+def say_calibrated(calibration) -> None:
+    """Once, when the load measured cost curves: how long it took, and that no speed counts it."""
+    if calibration.measured:
+        click.echo(
+            f"note: calibrated {', '.join(CALIBRATED_MODELS.get(m, m) for m in calibration.measured)} in "
+            f"{format_duration(calibration.ms / 1000)} (first run only; not counted in any speed below)",
+            err=True,
+        )
+
+
 def say_skipped(engine) -> None:
     for name, reason in engine.skipped_drafters.items():
         click.echo(f"note: drafter {name!r} {reason}", err=True)

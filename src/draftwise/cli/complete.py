@@ -13,16 +13,18 @@ import click
 
 from draftwise.cli.common import (
     DRAFT_HELP,
+    calibration_progress,
     download_progress,
     friendly_errors,
     load_options,
     model_options,
     policy_options,
+    say_calibrated,
     say_skipped,
 )
 from draftwise.errors import ConfigError
 from draftwise.fim import FimBudget, fim_prompt, require_fim_tokens, split_at
-from draftwise.loading import load_engine
+from draftwise.loading import load
 from draftwise.types import SamplingParams, SpeculationConfig
 
 # llama.vim's and llama.vscode's n_predict: a completion is a few lines.
@@ -87,15 +89,19 @@ def complete(
     extra_chunks = [(Path(path).name, read_text(path)) for path in extra]
     sampling = SamplingParams(temperature=temperature, seed=seed, max_tokens=max_tokens, stop=tuple(stop))
     speculation = SpeculationConfig(policy=policy, max_draft_tokens=k)
-    with download_progress() as report:
-        engine = load_engine(
+    with download_progress() as report, calibration_progress() as calibrating:
+        loaded = load(
             target,
             draft,
             options=load_options(backend, n_ctx, threads, dtype, device),
             speculation=speculation,
             progress=report,
+            calibration_progress=calibrating,
         )
+    engine = loaded.engine
     say_skipped(engine)
+    if not as_json:
+        say_calibrated(loaded.calibration)
     built = fim_prompt(
         engine.tokenizer,
         prefix,
@@ -126,4 +132,4 @@ def complete(
         "num_suffix_dropped": built.num_suffix_dropped,
         "num_extra_dropped": built.num_extra_dropped,
     }
-    click.echo(json.dumps({**result.to_dict(), "timings": timings, **cuts}))
+    click.echo(json.dumps({**result.to_dict(), "timings": timings, **cuts, "calibration_ms": loaded.calibration.ms}))

@@ -9,6 +9,7 @@ import click
 from draftwise.cli.common import (
     DATASTORE_HELP,
     DRAFT_HELP,
+    calibration_progress,
     download_progress,
     friendly_errors,
     load_options,
@@ -145,9 +146,16 @@ def serve(
     from draftwise.server import create_app
     from draftwise.server.errors import uvicorn_options
 
-    with download_progress() as report:
+    # Under the auto policy the models are calibrated here (first run only), before any request.
+    with download_progress() as report, calibration_progress() as calibrating:
         engine = load_engine(
-            target, draft, options=options, speculation=speculation, progress=report, datastore=datastore
+            target,
+            draft,
+            options=options,
+            speculation=speculation,
+            progress=report,
+            datastore=datastore,
+            calibration_progress=calibrating,
         )
     say_skipped(engine)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")
@@ -159,7 +167,7 @@ def serve(
         log_content=log_requests,
         max_queue=max_queue,
     )
-    if speculation.policy == "auto":  # calibrate before the first request, not inside it
+    if speculation.policy == "auto":  # the engine's cost model reads its curve now, not in a request
         _ = engine.target_time().curve
     # uvicorn_options: its HTTP protocol with a deadline for request headers, and JSON 400s.
     uvicorn.run(

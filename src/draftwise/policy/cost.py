@@ -6,17 +6,12 @@ from __future__ import annotations
 
 from draftwise.calibrate import CostCurve, load_or_measure
 
-# The longest draft planned. Measured here (default target, 1,000 tokens of context, ms for n
-# rows with all logits): 32 rows 454-465 (4.4-4.7 plain steps' worth of tokens per plain
-# step's time), 64 rows 866-884 (4.7-4.9), 96 rows 1,236-1,277 (5.0), 128 rows 1,626-1,772
-# (4.7-5.3): past 64 a fully accepted draft gains at most a few percent more, while a miss
-# costs 25 plain steps (2026-12-01).
+# The longest draft planned: past 64 rows a fully accepted draft gains a few percent more per
+# forward while a miss costs ~25 plain steps (docs/design.md section 7; docs/bench/code-edit-long/).
 MAX_K = 64
-# Smoothing of the observed/calibrated target time: machine load (all steps), and the
-# per-batch-size correction of the calibrated curve. Replaying the suite's answers under
-# 15% per-step timing noise (`draftwise replay --noise 0.15`), a per-size scale
-# with alpha 0.3 lost 2 points of speedup to noisy choices against the noise-free replay;
-# this split lost 1 (measured runs here, whose noise is not per-step, did not change).
+# Smoothing of the observed/calibrated target time: machine load (fast, every forward) and the
+# per-batch-size shape (slow, so timing noise cannot swing k): `draftwise replay --noise 0.15`
+# measures the choices under noise (docs/design.md section 7; docs/bench/drafters-full-E/).
 LOAD_ALPHA = 0.1
 SHAPE_ALPHA = 0.03
 
@@ -40,10 +35,8 @@ class TargetTime:
     the calibration is off for one batch size relative to a plain step (shape(1) = 1), is a
     property of the model and moves slowly, so a few noisy verifications cannot swing the
     choice of k. One per engine: every request's policy reads and feeds the same one, and a
-    batched forward over several requests' rows is observed once, at its total rows. Rows, not
-    sequences, set the cost on llama.cpp here (default target, 300 cached tokens per sequence):
-    8 rows 199 / 197 / 201 ms as 1 x 8, 4 x 2 and 5 + 1 + 1 + 1; 16 rows 260 / 246 / 240 ms;
-    32 rows 433 / 413 ms as 1 x 32 and 4 x 8 (2026-12-01).
+    batched forward over several requests' rows is observed once, at its total rows: rows, not
+    sequences, set the cost on llama.cpp (docs/design.md section 7).
     """
 
     def __init__(self, target=None, curve: CostCurve | None = None, *, max_n: int = MAX_K + 1) -> None:

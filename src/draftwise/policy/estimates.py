@@ -20,15 +20,10 @@ COPY_PRIORS = (0.25, 0.35, 0.45, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.97)
 # are learned apart: JSON keys and boilerplate give short matches that diverge soon after, an
 # unchanged stretch of a file being edited long ones that do not.
 COPY_SPLIT = 8
-# ESTIMATE_KEYS: a free drafter's estimate is keyed by its name and proposal kind only,
-# whatever the other lookups propose. Keying it also by agreement with the other lookups
-# (tried 2026-11-30) split it into slowly learned parts: replayed on the full suite, the
-# three-lookup set lost 1 point of speedup overall and 3 on summarization, and fell below its
-# best member; without it, it equals it. Keying it by the match length's bucket, with c per
-# draft position (as a draft model's), was the rule before 2026-12-01: it learned each bucket
-# apart and a new copy climbed the buckets a few tokens per step, so on whole-file edits it
-# drafted at most 15 tokens where the hindsight optimum drafts 47-64 (`draftwise replay
-# --oracle`).
+# ESTIMATE_KEYS: a free drafter's estimate is keyed by its name and proposal kind only, not by
+# agreement with the other lookups (that splits it into slowly learned parts), and c follows the
+# match length, not the draft position, so a new copy is drafted far as soon as its match grows
+# (docs/design.md section 7; docs/bench/drafters-full-E/, docs/bench/code-edit-long/).
 
 
 def expected_tokens(rates: Iterable[float]) -> list[float]:
@@ -114,9 +109,9 @@ class CopyEstimate:
         return copy_bucket(length + j) + (0 if not j else nb if length < COPY_SPLIT else 2 * nb)
 
     def rates(self) -> list[float]:
-        """c per bucket of every table: its observations shrunk towards its prior. (A prior of at
-        least the next shorter bucket's rate, tried 2026-12-01, lost half a point of replayed
-        speedup on the full suite and on whole-file edits.)"""
+        """c per bucket of every table: its observations shrunk towards its own prior (each bucket
+        on its own: a prior tied to the next shorter bucket's rate replays slower, docs/design.md
+        section 7)."""
         if self._rates is None:
             w = self.prior_weight
             self._rates = [(h + p * w) / (t + w) for h, t, p in zip(self.hits, self.trials, self.priors)]

@@ -1,4 +1,4 @@
-"""Several choices per request and their logprobs, in OpenAI's shapes; /tokenize and /detokenize.
+"""Several choices per request and their logprobs, in OpenAI's shapes.
 
 A request with `n` > 1, or a /v1/completions `prompt` that is a list of prompts, becomes one
 Job per choice (prompt-major: choice index = prompt index * n + copy); the Batcher decodes them
@@ -9,12 +9,10 @@ the rest in arrival order. Logprobs are the target's raw log-softmax (sampling.l
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import numpy as np
-from fastapi import FastAPI
-from pydantic import BaseModel, ConfigDict, Field
 
 from draftwise.sampling import TokenLogprob
 from draftwise.server.errors import APIError
@@ -129,57 +127,3 @@ async def merged(streams: Sequence[AsyncIterator[Any]]) -> AsyncIterator[tuple[i
     finally:
         for task in tasks:
             task.cancel()
-
-
-# ---------------------------------------------------------------------- llama.cpp's /tokenize, /detokenize
-class TokenizeRequest(BaseModel):
-    """llama.cpp's fields; vLLM's (`prompt`, `add_special_tokens`, as lm-eval's remote tokenizer sends) too."""
-
-    model_config = ConfigDict(strict=True, extra="ignore")
-    content: str | None = None
-    prompt: str | None = None
-    add_special: bool | None = None
-    add_special_tokens: bool | None = None
-    parse_special: bool = True
-    with_pieces: bool = False
-
-
-class DetokenizeRequest(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
-    tokens: list[int] = Field(default_factory=list)
-
-
-def install_tokenize(app: FastAPI, tokenizer, vocab_size: int, run: Callable) -> None:
-    """POST /tokenize {content, add_special, with_pieces} -> {tokens}; POST /detokenize {tokens} -> {content}
-    (llama.cpp's server; with_pieces gives [{id, piece}]), also in vLLM's names (prompt, add_special_tokens;
-    the answer's `prompt`), with GET /tokenizer_info, so lm-eval tokenises through the server.
-    run: runs a function off the event loop."""
-
-    @app.post("/tokenize", tags=["llama.cpp"])
-    async def tokenize(body: TokenizeRequest) -> dict:
-        text = body.content if body.content is not None else body.prompt
-        if text is None:
-            raise APIError(400, "give the text to tokenise as content", param="content", code="invalid_value")
-        special = body.add_special if body.add_special is not None else bool(body.add_special_tokens)
-        ids = await run(lambda: tokenizer.encode(text, add_special=special, parse_special=body.parse_special))
-        if not body.with_pieces:
-            return {"tokens": ids}
-        return {"tokens": [{"id": t, "piece": tokenizer.decode([t])} for t in ids]}
-
-    @app.post("/detokenize", tags=["llama.cpp"])
-    async def detokenize(body: DetokenizeRequest) -> dict:
-        bad = next((t for t in body.tokens if not 0 <= t < vocab_size), None)
-        if bad is not None:
-            raise APIError(
-                400,
-                f"token id {bad} is outside the vocabulary (size {vocab_size})",
-                param="tokens",
-                code="invalid_value",
-            )
-        text = await run(lambda: tokenizer.decode(body.tokens))
-        return {"content": text, "prompt": text}
-
-    @app.get("/tokenizer_info", tags=["vllm"])
-    async def tokenizer_info() -> dict:
-        eos = min(tokenizer.eos_token_ids) if tokenizer.eos_token_ids else None
-        return {"eos_token": None if eos is None else tokenizer.token_text(eos), "bos_token": None, "pad_token": None}

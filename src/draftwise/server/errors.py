@@ -3,7 +3,8 @@
 APIError carries a status and the fields; `install` registers the handlers (validation,
 HTTP, unexpected) and the Guard middleware (bearer API key, the operator's key for
 /metrics, body size cap, body deadline), so nothing reaches a client as a traceback, and
-each error is counted in the metrics.
+each error is counted in the metrics. `openai_refusal` and `infill_refusal` name the answer
+to a library error raised while a request is translated or queued.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from draftwise.errors import BackendError, ConfigError, ConstraintError, PromptTooLongError
 from draftwise.server import protocol as p
 from draftwise.server.metrics import ServerMetrics
+from draftwise.server.serving import ServerBusy
 
 logger = logging.getLogger("draftwise.server")
 
@@ -57,6 +60,52 @@ class APIError(Exception):
         return p.ErrorResponse(
             error=p.ErrorDetail(message=self.message, type=self.type, param=self.param, code=self.code)
         ).model_dump()
+
+
+def openai_refusal(exc: BaseException, *, param: str, constraint_param: str) -> APIError | None:
+    """The answer of /v1/* to exc, raised while its request was translated or queued (param: the
+    request's prompt field, "prompt" or "messages"); None: exc is no refusal (a bug: re-raise it)."""
+    if isinstance(exc, UnicodeEncodeError):  # a lone surrogate ("\udfff") is not text a tokenizer can take
+        return APIError(
+            400,
+            f"the request holds U+{ord(exc.object[exc.start]):04X}, a lone surrogate, which is not valid Unicode text",
+            param=param,
+            code="invalid_value",
+        )
+    if isinstance(exc, PromptTooLongError):
+        return APIError(400, str(exc), param=param, code="context_length_exceeded")
+    if isinstance(exc, ServerBusy):
+        return APIError(503, str(exc), type="server_error", code="overloaded")
+    if isinstance(exc, ConstraintError):
+        return APIError(400, str(exc), param=constraint_param, code="invalid_value")
+    if isinstance(exc, ConfigError):
+        return APIError(400, str(exc), code="invalid_value")
+    if isinstance(exc, BackendError):  # the tokenizer or chat template refused the input
+        return APIError(400, str(exc), param=param, code="invalid_prompt")
+    if type(exc).__module__.startswith("jinja2"):  # a chat template's raise_exception()
+        return APIError(400, f"the chat template rejected the messages: {exc}", param="messages", code="invalid_prompt")
+    return None
+
+
+# The /infill fields whose library errors name them first ("logit_bias: ...").
+_INFILL_FIELDS = ("logit_bias", "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty")
+
+
+def infill_refusal(exc: BaseException) -> APIError | None:
+    """The answer of /infill to exc, raised while its request was translated or queued; None:
+    exc is no refusal (re-raise it)."""
+    if isinstance(exc, UnicodeEncodeError):
+        return APIError(
+            400, f"the request holds U+{ord(exc.object[exc.start]):04X}, a lone surrogate", code="invalid_value"
+        )
+    if isinstance(exc, PromptTooLongError):
+        return APIError(400, str(exc), code="context_length_exceeded")
+    if isinstance(exc, ServerBusy):
+        return APIError(503, str(exc), type="server_error", code="overloaded")
+    if isinstance(exc, (ConfigError, BackendError)):
+        param = next((f for f in _INFILL_FIELDS if str(exc).startswith(f)), None)
+        return APIError(400, str(exc), param=param, code="invalid_value")
+    return None
 
 
 class Guard:

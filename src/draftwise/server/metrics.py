@@ -1,7 +1,7 @@
 """Prometheus metrics of one server, in its own CollectorRegistry (two apps in one process,
 as in tests, never share counters).
 
-Counters accumulate the section-5 quantities over finished requests; the rate gauges
+Counters accumulate the quantities of docs/design.md section 5 over finished requests; the rate gauges
 (acceptance rate, tokens per step, tokens/s, accepted-per-position) are derived from those
 running totals, so they describe the server's whole life, not the last request.
 """

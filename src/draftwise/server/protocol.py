@@ -4,7 +4,7 @@ stream chunks, the model list and the error body.
 Requests are strict (a string where a number belongs is a 422, not a silent coercion) and
 ignore unknown fields, as OpenAI clients send many. `response_format` is OpenAI's (text,
 json_object, json_schema); `top_k`, `min_p`, `ignore_eos`, `grammar`, `regex` and
-`speculation` are draftwise extensions; `usage.speculative` carries the DESIGN.md section-5
+`speculation` are draftwise extensions; `usage.speculative` carries the docs/design.md section 5
 metrics of the request.
 """
 
@@ -150,7 +150,7 @@ class CompletionRequest(_GenerationRequest):
 
 # ---------------------------------------------------------------------- responses
 class SpeculativeUsage(BaseModel):
-    """The request's section-5 metrics (RequestStats.to_dict()) plus the draft model's reuse."""
+    """The request's metrics of docs/design.md section 5 (RequestStats.to_dict()) plus the draft model's reuse."""
 
     model_config = ConfigDict(extra="allow")
 

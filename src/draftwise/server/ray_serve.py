@@ -78,8 +78,7 @@ class Scaling:
             low, high = self.autoscale
             if not 0 <= low <= high or high < 1:
                 raise ConfigError(f"autoscale needs 0 <= MIN <= MAX and MAX >= 1, got {low}:{high}")
-        for name in ("num_cpus", "num_gpus"):
-            value = getattr(self, name)
+        for name, value in (("num_cpus", self.num_cpus), ("num_gpus", self.num_gpus)):
             if value is not None and value < 0:
                 raise ConfigError(f"{name} must be >= 0, got {value}")
 

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 
-from draftwise.batching import PREFILL_CHUNK, Batcher, Done, Emitted
+from draftwise.batching import PREFILL_CHUNK, Batcher, Done, Emitted, Failed
 from draftwise.engine import Engine, Generation, Result
 from draftwise.server.metrics import ServerMetrics
 from draftwise.types import SamplingParams, SpeculationConfig
@@ -31,6 +31,8 @@ logger = logging.getLogger("draftwise.server")
 
 @dataclass(frozen=True)
 class Piece:
+    """A job's next text."""
+
     text: str
     logprobs: tuple = ()  # the TokenLogprobs of the tokens this text completes (when asked)
     prompt_logprobs: tuple | None = None  # the prompt's, with a request's first piece (when asked)
@@ -38,6 +40,8 @@ class Piece:
 
 @dataclass(frozen=True)
 class Finished:
+    """A job's last event when the engine gave it a result (whatever its finish_reason)."""
+
     result: Result
     # Whether the request may be told how much of its prompt was cached: not when the cache
     # came from another tenant's (API key's) request.
@@ -46,15 +50,21 @@ class Finished:
 
 
 @dataclass(frozen=True)
-class Failed:
+class JobFailed:
+    """A job's last event when it ends without a result: its step failed (the Batcher's Failed),
+    it could not start, or it was cancelled before the engine took it (error: JobCancelled)."""
+
     error: BaseException
 
 
-Event = Piece | Finished | Failed
+Event = Piece | Finished | JobFailed
 
 
 class Job:
-    """One request's life: queued -> running -> finished; events flow worker -> event loop."""
+    """The server's record of one engine request: the engine's Generation (set by Serving.submit)
+    with the server's bookkeeping around it (who sent it to which endpoint, its cancel flag, when
+    it was queued, started and first answered, and the channel its events take back to the event
+    loop). Its life: queued -> running -> Finished or JobFailed."""
 
     def __init__(
         self, job_id: str, endpoint: str, prompt_ids: list[int], tenant: int | None = None, predicted: bool = False
@@ -203,7 +213,7 @@ class Serving:
             return False
         logger.info("%s: cancelled while queued (%s)", job.id, job.cancel_reason)
         self.metrics.requests.labels(job.endpoint, "cancelled").inc()
-        job.push(Failed(JobCancelled(job.cancel_reason)))
+        job.push(JobFailed(JobCancelled(job.cancel_reason)))
         return True
 
     def _same_tenant(self, tenant: int | None, slot: int) -> bool:
@@ -235,23 +245,32 @@ class Serving:
         )
         job.push(Finished(result, cache_visible, job.predicted))
 
-    def _route(self, events: list, jobs: dict[int, tuple[Job, bool]]) -> None:
-        """Hand the Batcher's events to their jobs (text, the end, a failure)."""
+    def _route(self, events: list[Emitted | Done | Failed], jobs: dict[int, tuple[Job, bool]]) -> None:
+        """Hand the Batcher's events to their jobs: Emitted text, a Done result, a Failed step.
+        Any other event is a bug in this module or the Batcher, so it raises."""
         for event in events:
-            job, cache_visible = jobs[id(event.generation)]
-            if isinstance(event, Emitted):
-                if job.first_piece_at is None:
-                    job.first_piece_at = time.monotonic()
-                job.push(Piece(event.text, event.logprobs, event.prompt_logprobs))
-                continue
-            del jobs[id(event.generation)]
-            self.running = {s: j for s, j in self.running.items() if j is not job}
-            if isinstance(event, Done):
-                self._finished(job, event.result, cache_visible)
-            else:
-                logger.error("%s: generation failed: %s", job.id, type(event.error).__name__)
-                self.metrics.requests.labels(job.endpoint, "error").inc()
-                job.push(Failed(event.error))
+            match event:
+                case Emitted():
+                    job, _ = jobs[id(event.generation)]
+                    if job.first_piece_at is None:
+                        job.first_piece_at = time.monotonic()
+                    job.push(Piece(event.text, event.logprobs, event.prompt_logprobs))
+                case Done():
+                    job, cache_visible = self._release(event.generation, jobs)
+                    self._finished(job, event.result, cache_visible)
+                case Failed():
+                    job, _ = self._release(event.generation, jobs)
+                    logger.error("%s: generation failed: %s", job.id, type(event.error).__name__)
+                    self.metrics.requests.labels(job.endpoint, "error").inc()
+                    job.push(JobFailed(event.error))
+                case _:
+                    raise TypeError(f"the Batcher sent an event of unknown type {type(event).__name__}")
+
+    def _release(self, generation: Generation, jobs: dict[int, tuple[Job, bool]]) -> tuple[Job, bool]:
+        """The ended generation's (job, cache visible); the job leaves the running ones."""
+        job, cache_visible = jobs.pop(id(generation))
+        self.running = {s: j for s, j in self.running.items() if j is not job}
+        return job, cache_visible
 
     def _work(self) -> None:
         """Continuous batching: admit queued jobs into free slots between steps, step, route events.
@@ -285,7 +304,7 @@ class Serving:
                 except Exception as exc:  # e.g. a drafter that cannot serve this slot
                     logger.exception("%s: could not start", job.id)
                     self.metrics.requests.labels(job.endpoint, "error").inc()
-                    job.push(Failed(exc))
+                    job.push(JobFailed(exc))
                     continue
                 self.running[slot] = job
                 jobs[id(job.generation)] = (job, self._claim(slot, job))
@@ -301,4 +320,4 @@ class Serving:
         while not self._queue.empty():  # answer whatever arrived during shutdown
             job = self._queue.get_nowait()
             if job is not None:
-                job.push(Failed(JobCancelled("the server is shutting down")))
+                job.push(JobFailed(JobCancelled("the server is shutting down")))

@@ -14,7 +14,7 @@ The variants are built with llama.cpp's quantize tool and measured with its perp
 neither is part of draftwise: build them from the llama.cpp source inside the
 llama-cpp-python sdist (`tools/quantize`, `tools/perplexity`) and pass their paths.
 
-    python scripts/measure_verify_variants.py --quantize PATH/llama-quantize \\
+    python docs/bench/verify-variants/measure_verify_variants.py --quantize PATH/llama-quantize \\
         --perplexity PATH/llama-perplexity --work /tmp/variants --out docs/bench/verify-variants
 """
 

@@ -7,7 +7,7 @@ draftwise plain constrained (speculation off), draftwise auto constrained, and l
 create_chat_completion with the schema's grammar. Decode tok/s = tokens after the first / time from
 the first streamed token to the last (prefill excluded alike). Prints a table and writes JSON.
 
-    python scripts/compare_grammar_paths.py --out compare-grammar.json
+    python docs/bench/structured-schema/compare_grammar_paths.py --out compare-grammar.json
 """
 
 from __future__ import annotations

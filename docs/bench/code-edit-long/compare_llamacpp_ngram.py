@@ -11,7 +11,7 @@ decode time, prompt processing excluded (llama.cpp's own "decoded N tokens in S 
 The tool is not part of draftwise: build it from the llama.cpp source inside the
 llama-cpp-python sdist (its `examples/speculative-simple`) and pass its path.
 
-    python scripts/compare_llamacpp_ngram.py --bin PATH/llama-speculative-simple \\
+    python docs/bench/code-edit-long/compare_llamacpp_ngram.py --bin PATH/llama-speculative-simple \\
         --results docs/bench/code-edit-long --out compare-ngram.json
 """
 

@@ -1,0 +1,173 @@
+"""draftwise replay: a bench run's baseline answers through the auto policy and free drafters,
+priced by the run's calibrated cost curve (no model run), beside the run's own measured time."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import click
+
+from draftwise import models
+from draftwise.cli.common import friendly_errors
+from draftwise.errors import ConfigError
+from draftwise.loading import FREE_DRAFTERS, LoadOptions, datastore_drafter, free_drafter, load_backend
+from draftwise.policy.auto import MAX_K
+
+
+@click.command()
+@click.argument("results_path", metavar="RESULTS", type=click.Path(exists=True))
+@click.option(
+    "--drafters",
+    "sets",
+    default="ngram,suffix,ngram+suffix",
+    show_default=True,
+    help="Drafter sets to replay, comma-separated; '+' joins drafters into one auto set.",
+)
+@click.option("--datastore", default=None, help="A datastore for sets that name 'datastore'.")
+@click.option("--categories", default=None, help="Only these categories, comma-separated.")
+@click.option("--free-lookups", is_flag=True, help="Count lookups as free (and never back off): deterministic.")
+@click.option(
+    "--noise",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Log-normal sigma of per-step timing noise, e.g. 0.15 for a shared machine.",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the timing noise.")
+@click.option(
+    "--max-k",
+    type=click.IntRange(1, 256),
+    default=None,
+    help=f"Longest draft the policy plans (default: the auto policy's, {MAX_K}).",
+)
+@click.option(
+    "--curve",
+    "curve_path",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="A cost curve to replay with instead of the run's: another run's results.json "
+    "or a calibration file (under the cache directory's calibration/).",
+)
+@click.option("--oracle", is_flag=True, help="Also show each set's hindsight optimum and the share the policy takes.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@friendly_errors
+def replay(
+    results_path, sets, datastore, categories, free_lookups, noise, seed, max_k, curve_path, oracle, as_json
+) -> None:
+    """Replay a bench run's baseline answers through the auto policy and free drafters (no model run).
+
+    RESULTS is a bench --out directory or its results.json; its greedy baseline answers and
+    calibrated cost curve are used. Prints tokens/step and speedup per category and set.
+    """
+    from draftwise.bench import account as bench_account
+    from draftwise.bench import prompts as bench_prompts
+    from draftwise.bench import replay as bench_replay
+    from draftwise.bench.runner import load_results
+
+    path = Path(results_path)
+    results = load_results(path / "results.json" if path.is_dir() else path)
+    answers = bench_replay.baseline_answers(results)
+    curve = bench_replay.calibrated_curve(json.loads(Path(curve_path).read_text()) if curve_path else results)
+    meta = results.get("meta", {})
+    source = str(meta.get("prompts", ""))
+    pool = (
+        bench_prompts.load_suite(source.removeprefix("suite "))
+        if source.startswith("suite ")
+        else bench_prompts.load_prompts(source)
+    )
+    chosen = bench_prompts.filter_categories(pool, [c.strip() for c in categories.split(",")] if categories else None)
+
+    def make(name: str):
+        if name == "datastore":
+            if not datastore:
+                raise ConfigError("a set names 'datastore' but no --datastore was given")
+            return datastore_drafter(datastore)
+        if name not in FREE_DRAFTERS:
+            raise ConfigError(f"replay covers the free drafters ({', '.join(FREE_DRAFTERS)}, datastore), got {name!r}")
+        return free_drafter(name)
+
+    drafter_sets = {s.strip(): [make(n.strip()) for n in s.split("+")] for s in sets.split(",") if s.strip()}
+    if not drafter_sets:
+        raise ConfigError("--drafters names no drafter set")
+    backend = load_backend(
+        meta.get("target", models.DEFAULT_TARGET), LoadOptions(backend=meta.get("backend", "auto"), n_ctx=256)
+    )
+    try:
+        runs = bench_replay.replay(
+            chosen,
+            answers,
+            backend.tokenizer,
+            drafter_sets,
+            curve,
+            count_lookups=not free_lookups,
+            noise=noise,
+            seed=seed,
+            max_k=max_k or MAX_K,
+            oracle=oracle,
+        )
+    finally:
+        backend.close()
+    summary = bench_replay.summarize(runs)
+    live = bench_account.splits(results, curve)  # records with a time account: live against replay
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    **summary,
+                    **({"live_vs_replay": [dataclasses.asdict(s) | {"kept": s.kept} for s, _ in live]} if live else {}),
+                },
+                indent=2,
+            )
+        )
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        title=f"replay of {path}: tokens/step · speedup vs plain",
+        caption=f"cost curve, ms by tokens per forward at {curve.context_len} tokens of context: "
+        f"{dict(curve.points)}; each 1,000 tokens more add {curve.growth[0]:.1f} + {curve.growth[1]:.2f} n ms",
+    )
+    table.add_column("category")
+    for name in drafter_sets:
+        table.add_column(name, justify="right")
+    for category, by_set in summary.items():
+        table.add_row(
+            category,
+            *(
+                f"{by_set[n]['tokens_per_step']:.2f} · {by_set[n]['speedup']:.3f}x"
+                + (f" · oracle {by_set[n]['oracle_speedup']:.3f}x" if oracle else "")
+                for n in drafter_sets
+            ),
+        )
+    console = Console(width=160)
+    console.print(table)
+    for result, buckets in live:
+        split = Table(
+            title=f"{result.method}: measured decode time against the replayed forwards of the same "
+            f"{result.num_steps} steps (kept {result.kept:.1%})"
+        )
+        for column in ("measured ms", "replayed ms", "cost-curve error", "noise", "step overhead", "other"):
+            split.add_column(column, justify="right")
+        split.add_row(
+            *(
+                f"{v:.0f}"
+                for v in (
+                    result.decode_ms,
+                    result.replayed_ms,
+                    result.curve_error_ms,
+                    result.noise_ms,
+                    result.overhead_ms,
+                    result.other_ms,
+                )
+            )
+        )
+        console.print(split)
+        by_bucket = Table(title="forward by rows x context: measured against the curve (ms per step)")
+        for column in ("rows from", "context from", "steps", "measured", "curve", "median ratio"):
+            by_bucket.add_column(column, justify="right")
+        for rows, ctx, n, measured, modelled, ratio in buckets:
+            by_bucket.add_row(str(rows), str(ctx), str(n), f"{measured:.1f}", f"{modelled:.1f}", f"{ratio:.2f}")
+        console.print(by_bucket)

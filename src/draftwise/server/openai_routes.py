@@ -1,0 +1,166 @@
+"""OpenAI's routes: /v1/chat/completions, /v1/completions (JSON, or server-sent events in
+OpenAI's chunk format), /v1/models; and the server's /health and /metrics.
+
+Each route translates its body (translate.py), queues one Job per choice on the Serving
+queue (`submit`), and replies with its answer (answers.py) through streams.py; a client
+that goes away cancels its jobs, which the engine sees at its next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from draftwise.server import choices, translate
+from draftwise.server import protocol as p
+from draftwise.server.answers import ChatAnswer, CompletionAnswer
+from draftwise.server.errors import APIError, openai_refusal
+from draftwise.server.serving import Job
+from draftwise.server.state import State, Tenant
+from draftwise.server.streams import openai_reply
+from draftwise.server.tools import chat_tools
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions endpoint
+
+ERROR_STATUSES = {status: {"model": p.ErrorResponse} for status in (400, 401, 403, 404, 408, 413, 500, 503)}
+_STREAM_RESPONSE = {
+    "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    "description": "JSON, or server-sent events when `stream` is true.",
+}
+
+router = APIRouter()
+
+
+async def submit(
+    state: State,
+    body: p._GenerationRequest,
+    tenant: int | None,
+    endpoint: str,
+    prefix: str,
+    items: list[Any],
+    prepare: Callable[[Any], translate.EngineRequest],
+    *,
+    param: str,
+    copies: int | None = None,
+) -> list[Job]:
+    """Translate and queue a request, one Job per choice: each item (a prompt, or None for chat
+    messages) `copies` times, default n (see server.choices); library errors become the 4xx
+    APIErrors of errors.openai_refusal (then no job stays queued). copies > n (completions'
+    best_of): each answer's logprobs are kept for ranking.
+
+    NOTE: everything that grows with the request (tokenising the prompt and the prediction,
+    compiling the constraint) runs in a worker thread, so that no request holds the event loop
+    (and with it every other client and /health).
+    """
+    job_id, jobs = f"{prefix}-{uuid.uuid4().hex[:24]}", []
+    per_prompt = copies or body.n or 1
+    try:
+        try:
+            for item in items:
+                prepared = await asyncio.to_thread(prepare, item)
+                for copy in range(per_prompt):
+                    one = prepared.choice(copy, ranked=per_prompt > (body.n or 1))
+                    job = Job(job_id, endpoint, one.prompt_ids, tenant=tenant, predicted=one.prediction is not None)
+                    await asyncio.to_thread(
+                        state.serving.submit, job, one.sampling, one.speculation, one.drafters, one.prediction
+                    )
+                    jobs.append(job)
+        except BaseException:
+            for job in jobs:
+                job.cancel("another choice of the request was refused")
+            raise
+    except Exception as exc:
+        error = openai_refusal(exc, param=param, constraint_param=translate.constraint_param(body))
+        if error is None:
+            raise
+        raise error from None
+    return jobs
+
+
+@router.post(
+    "/v1/chat/completions",
+    response_model=p.ChatCompletion,
+    tags=["openai"],
+    responses={200: _STREAM_RESPONSE, **ERROR_STATUSES},
+)
+async def chat_completions(body: p.ChatCompletionRequest, request: Request, state: State, tenant: Tenant):
+    engine = state.engine
+    tools, messages = chat_tools(body, engine.tokenizer, translate.chat_messages(body))
+    max_tokens = body.max_completion_tokens or body.max_tokens
+    translate.check_model(body, state.model_name)
+
+    def prepare(_item: None) -> translate.EngineRequest:
+        return translate.openai_request(engine, body, None, messages, max_tokens, None, tools)
+
+    jobs = await submit(state, body, tenant, "chat", "chatcmpl", [None], prepare, param="messages")
+    answer = ChatAnswer(body, jobs, state.model_name, engine.tokenizer, tools)
+    return await openai_reply(
+        jobs, body, request, answer, constraint_param=translate.constraint_param(body), metrics=state.metrics
+    )
+
+
+@router.post(
+    "/v1/completions",
+    response_model=p.Completion,
+    tags=["openai"],
+    responses={200: _STREAM_RESPONSE, **ERROR_STATUSES},
+)
+async def completions(body: p.CompletionRequest, request: Request, state: State, tenant: Tenant):
+    n, best_of = body.n or 1, body.best_of or body.n or 1
+    if best_of < n:
+        raise APIError(400, f"best_of ({best_of}) must be at least n ({n})", param="best_of", code="invalid_value")
+    if best_of > n and body.stream:
+        why = "best_of > n cannot be streamed (the best are known at the end)"
+        raise APIError(400, why, param="best_of", code="invalid_value")
+    engine = state.engine
+    translate.check_model(body, state.model_name)
+    items = choices.prompts(body.prompt, engine.target.vocab_size)
+
+    def prepare(item: tuple[str | None, list[int] | None]) -> translate.EngineRequest:
+        return translate.openai_request(engine, body, item, None, body.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS)
+
+    jobs = await submit(state, body, tenant, "completions", "cmpl", items, prepare, param="prompt", copies=best_of)
+    answer = CompletionAnswer(body, jobs, state.model_name, engine.tokenizer)
+    return await openai_reply(
+        jobs, body, request, answer, constraint_param=translate.constraint_param(body), metrics=state.metrics
+    )
+
+
+@router.get("/v1/models", response_model=p.ModelList, tags=["openai"], responses=ERROR_STATUSES)
+async def list_models(state: State) -> p.ModelList:
+    return p.ModelList(data=[p.ModelCard(id=state.model_name, created=state.created)])
+
+
+@router.get("/v1/models/{model_id:path}", response_model=p.ModelCard, tags=["openai"], responses=ERROR_STATUSES)
+async def get_model(model_id: str, state: State) -> p.ModelCard:
+    if model_id != state.model_name:
+        raise APIError(404, f"the model {model_id!r} does not exist", param="model", code="model_not_found")
+    return p.ModelCard(id=state.model_name, created=state.created)
+
+
+@router.get("/health", response_model=p.Health)
+async def health(state: State) -> p.Health:
+    serving = state.serving
+    return p.Health(
+        model=state.model_name,
+        queue_length=serving.queue_length,
+        running=bool(serving.running),
+        slots=state.engine.num_slots,
+        active=len(serving.running),
+    )
+
+
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {}}}, **{s: ERROR_STATUSES[s] for s in (401, 403)}},
+    description="Prometheus text format, every tenant's requests together: with several API keys "
+    "it answers the metrics key only.",
+)
+async def prometheus(state: State) -> Response:
+    return Response(state.metrics.render(), headers={"Content-Type": state.metrics.content_type})

@@ -1,0 +1,68 @@
+"""What every route reads: the app's `ServerState` (engine, queue, metrics, model name) and the
+request's tenant, as FastAPI dependencies (`State`, `Tenant`).
+
+create_app builds one ServerState per app and keeps it on `app.state.server`; the Guard
+middleware (errors.py) has checked the API key and set the tenant before any route runs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from draftwise.engine import Engine
+from draftwise.fim import FimTokens
+from draftwise.server.answers import SUPERSEDED
+from draftwise.server.errors import APIError
+from draftwise.server.metrics import ServerMetrics
+from draftwise.server.serving import Job, Serving
+
+
+class Clients:
+    """The /infill request each client has running (its jobs, one per completion); a newer one
+    from the same client cancels them (their cancel_reason: SUPERSEDED)."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[tuple, list[Job]] = {}
+
+    def supersede(self, client: tuple, jobs: list[Job]) -> None:
+        for previous in self._jobs.get(client, ()):
+            previous.cancel(SUPERSEDED)
+        self._jobs[client] = jobs
+
+    def done(self, client: tuple, jobs: list[Job]) -> None:
+        if self._jobs.get(client) is jobs:
+            del self._jobs[client]
+
+
+@dataclass
+class ServerState:
+    """One app's engine and everything its routes share."""
+
+    engine: Engine
+    serving: Serving
+    metrics: ServerMetrics
+    model_name: str
+    fim_tokens: FimTokens | None  # the model's fill-in-the-middle tokens (None: /infill answers 400)
+    clients: Clients
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def count(self, error: APIError) -> None:
+        """Count an error answered inside a stream (the handlers count the others)."""
+        self.metrics.observe_error(error.status, error.type)
+
+
+def server_state(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+def tenant(request: Request) -> int | None:
+    """Which API key sent the request (None: the server has none)."""
+    return request.scope.get("state", {}).get("tenant")
+
+
+State = Annotated[ServerState, Depends(server_state)]
+Tenant = Annotated[int | None, Depends(tenant)]

@@ -1,0 +1,115 @@
+"""A job's events on the event loop, and the reply that carries an answer to the client.
+
+`job_events` yields a job's events up to its last and cancels the job when the client goes
+away; `openai_reply` answers a /v1 request's jobs as one JSON object or as server-sent events
+in OpenAI's chunk format (`sse_response` is the streaming reply every protocol uses).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from draftwise.server import answers, choices
+from draftwise.server import protocol as p
+from draftwise.server.errors import APIError
+from draftwise.server.metrics import ServerMetrics
+from draftwise.server.serving import Finished, Job, JobFailed, Piece
+
+DISCONNECT_POLL_S = 0.25
+
+
+async def job_events(job: Job, request: Request) -> AsyncIterator[Piece | Finished | JobFailed]:
+    """The job's events up to the last one; a client that disconnects cancels the job.
+
+    NOTE: one pending get is kept across polls (rather than wait_for, which can drop an
+    item when the timeout and the put race); the disconnect check runs every
+    DISCONNECT_POLL_S whether or not events arrive.
+    """
+    getter: asyncio.Future | None = None
+    finished = False
+    next_check = time.monotonic() + DISCONNECT_POLL_S
+    try:
+        while True:
+            if getter is None:
+                getter = asyncio.ensure_future(job.next_event())
+            done, _ = await asyncio.wait({getter}, timeout=max(0.0, next_check - time.monotonic()))
+            if time.monotonic() >= next_check:  # also while pieces keep coming (non-streaming)
+                if await request.is_disconnected():
+                    return
+                next_check = time.monotonic() + DISCONNECT_POLL_S
+            if not done:
+                continue
+            event, getter = getter.result(), None
+            finished = not isinstance(event, Piece)
+            yield event
+            if finished:
+                return
+    finally:
+        if getter is not None:
+            getter.cancel()
+        if not finished:  # the client went away, or the stream was closed under us
+            job.cancel("client disconnected")
+
+
+async def collect(job: Job, request: Request, constraint_param: str | None = None) -> Finished:
+    """The job's result; a failure or a cancellation by the server is raised as its APIError."""
+    async for event in job_events(job, request):
+        if isinstance(event, Finished):
+            if event.result.finish_reason == "cancelled":
+                raise APIError(
+                    503, "the generation was cancelled (server shutting down)", type="server_error", code="unavailable"
+                )
+            return event
+        if isinstance(event, JobFailed):
+            raise answers.failure(event, constraint_param)
+    # Only reached when the client disconnected; nobody reads this reply.
+    raise APIError(400, "client disconnected", code="client_disconnected")
+
+
+def sse_response(events: AsyncIterator[str]) -> StreamingResponse:
+    return StreamingResponse(
+        events, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
+
+
+async def openai_reply(
+    jobs: list[Job],
+    body: p._GenerationRequest,
+    request: Request,
+    answer: answers.OpenAIAnswer,
+    *,
+    constraint_param: str,
+    metrics: ServerMetrics,
+):
+    """The choices' answers as one JSON reply, or their chunks as server-sent events (each
+    chunk names its choice's index; usage, when asked, sums the choices at the end)."""
+    if not body.stream:
+        done = await asyncio.gather(*(collect(job, request, constraint_param) for job in jobs))
+        return answer.whole(list(done))
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+    async def events() -> AsyncIterator[str]:
+        for opening in answer.openings():
+            yield opening
+        finished: dict[int, Finished] = {}  # by choice index
+        async for i, event in choices.merged([job_events(job, request) for job in jobs]):
+            if isinstance(event, Piece):
+                yield answer.text_chunk(i, event)
+            elif isinstance(event, Finished):
+                finished[i] = event
+                yield answer.final_chunk(i, event)
+                if include_usage and len(finished) == len(jobs):
+                    yield answer.usage_chunk(answers.usage([finished[k] for k in sorted(finished)], body.n or 1))
+            else:
+                error = answers.failure(event, constraint_param)
+                metrics.observe_error(error.status, error.type)
+                yield f"data: {json.dumps(error.body())}\n\n"
+        yield "data: [DONE]\n\n"
+
+    return sse_response(events())
