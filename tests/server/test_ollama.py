@@ -21,8 +21,6 @@ from draftwise.backends.llamacpp import LlamaCppBackend
 from draftwise.drafters import NgramDrafter
 from draftwise.engine import Engine
 from draftwise.models import DEFAULT_TARGET
-from draftwise.server import create_app
-from draftwise.server.ollama_routes import install
 from draftwise.types import SpeculationConfig
 from tests.server.conftest import API_KEY, MODEL, LiveServer
 from tests.server.conftest import make_engine as plain_engine
@@ -40,15 +38,9 @@ GREEDY = {"temperature": 0, "num_predict": 60}
 HELLO = [{"role": "user", "content": "hello"}]
 
 
-def serve(engine: Engine, api_key: str | None = None) -> LiveServer:
-    app = create_app(engine, MODEL, api_key=api_key)
-    install(app, MODEL)
-    return LiveServer(engine, app=app)
-
-
 @pytest.fixture(scope="module")
 def live():
-    with serve(tools_engine()) as server:
+    with LiveServer(tools_engine()) as server:
         yield server
 
 
@@ -64,7 +56,7 @@ def fim_live(tmp_path_factory):
     path = write_tiny_gguf(tmp_path_factory.mktemp("fim") / "fim.gguf", fim=True)
     target = LlamaCppBackend(path, n_ctx=2048, n_threads=1)
     engine = Engine(target, [NgramDrafter(1, 3)], speculation=SpeculationConfig(policy="fixed", max_draft_tokens=4))
-    with serve(engine) as server:
+    with LiveServer(engine) as server:
         yield server
     target.close()
 
@@ -351,7 +343,7 @@ def test_curl_form_body_is_read_as_json(live):
 
 
 def test_api_keys_guard_the_ollama_routes():
-    with serve(plain_engine(), api_key=API_KEY) as server:
+    with LiveServer(plain_engine(), api_key=API_KEY) as server:
         with pytest.raises(ollama.ResponseError) as caught:
             ollama.Client(host=server.url).chat(model=MODEL, messages=HELLO)
         assert caught.value.status_code == 401 and "API key" in caught.value.error

@@ -1,7 +1,8 @@
-"""Engine results and stream events -> Ollama's objects: the /api/chat and /api/generate chunks
-(NDJSON lines), the final object with its counts and nanosecond durations (plus draftwise's
-speculation metrics under "speculative", which Ollama clients ignore), tool calls in Ollama's
-shape, and the model descriptions of /api/tags, /api/show and /api/ps.
+"""Engine events -> Ollama's answers, beside answers.py's OpenAI and llama.cpp ones: the
+/api/chat and /api/generate chunks (NDJSON lines, streams.ollama_reply carries them), the final
+object with its counts and nanosecond durations (plus draftwise's speculation metrics under
+"speculative", which Ollama clients ignore), tool calls in Ollama's shape, and the model
+descriptions of /api/tags, /api/show and /api/ps.
 """
 
 from __future__ import annotations
@@ -11,14 +12,15 @@ import json
 import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Protocol
 
-from draftwise.fim import fim_tokens
 from draftwise.models import REGISTRY
-from draftwise.server import choices
+from draftwise.server import answers, choices
 from draftwise.server import ollama_protocol as o
-from draftwise.server.ollama_requests import tagged
-from draftwise.server.serving import Finished
+from draftwise.server.ollama_protocol import tagged
+from draftwise.server.serving import Finished, Piece
+from draftwise.server.state import ServerState
+from draftwise.server.tools import ChatTools
 from draftwise.tools import ToolCall, format_for
 
 # The Ollama release whose API (docs/api.md) these routes follow; clients gate features on it.
@@ -33,16 +35,9 @@ def timestamp(at: float | None = None) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def line(obj: Any) -> str:
+def line(obj: dict) -> str:
     """One NDJSON line."""
-    if isinstance(obj, o.BaseModel):
-        obj = obj.model_dump(mode="json")
     return json.dumps(obj, ensure_ascii=False) + "\n"
-
-
-def error_line(message: str) -> str:
-    """A failure after the stream began: Ollama's clients raise it as their ResponseError."""
-    return line({"error": message})
 
 
 # ---------------------------------------------------------------------- chunks
@@ -70,7 +65,7 @@ def logprobs(tokenizer, entries: Sequence) -> list[dict] | None:
     return choices.chat_logprobs(tokenizer, entries)["content"] if entries else None
 
 
-def finished(chunk: dict, done: Finished, started: float, speculative: dict) -> dict:
+def finished(chunk: dict, done: Finished, started: float) -> dict:
     """The final object: chunk (its message or response) with done, done_reason, the counts and
     durations (ns; total_duration from `started`, a time.monotonic()), and `speculative`.
 
@@ -90,7 +85,7 @@ def finished(chunk: dict, done: Finished, started: float, speculative: dict) -> 
         out["total_duration"] = round((time.monotonic() - started) * 1e9)
         out["prompt_eval_duration"] = round(stats.prefill_ms * 1e6)
         out["eval_duration"] = round(stats.decode_ms * 1e6)
-    out["speculative"] = speculative
+    out["speculative"] = answers.usage(done).speculative.model_dump()
     return out
 
 
@@ -108,68 +103,151 @@ def ollama_call(call: ToolCall, index: int) -> dict:
     return {"id": call.id, "function": {"index": index, "name": call.name, "arguments": json.loads(call.arguments)}}
 
 
+# ---------------------------------------------------------------------- answers
+class OllamaAnswer(Protocol):
+    """One /api/chat or /api/generate request's answer: chunks as its job's events come, or the
+    whole final object."""
+
+    def piece(self, event: Piece) -> list[dict]: ...
+    def last(self, done: Finished) -> list[dict]: ...
+    def whole(self, done: Finished) -> dict: ...
+
+
+class GenerateAnswer:
+    """/api/generate: `response` text chunks, then the final object."""
+
+    def __init__(self, model: str, tokenizer, started: float) -> None:
+        self.model, self.tokenizer, self.started = model, tokenizer, started
+
+    def piece(self, event: Piece) -> list[dict]:
+        return [generate_chunk(self.model, event.text, logprobs(self.tokenizer, event.logprobs))]
+
+    def last(self, done: Finished) -> list[dict]:
+        return [finished(generate_chunk(self.model), done, self.started)]
+
+    def whole(self, done: Finished) -> dict:
+        chunk = generate_chunk(self.model, done.result.text, logprobs(self.tokenizer, done.result.logprobs or ()))
+        return finished(chunk, done, self.started)
+
+
+class ChatAnswer:
+    """/api/chat: message chunks, then the final object. With tools, the text a call's parser holds
+    back is never content, and the calls come whole in one chunk before the final object (as the
+    whole answer holds them: an answer cut inside a call has none, its text is content)."""
+
+    def __init__(self, model: str, tokenizer, started: float, tools: ChatTools | None) -> None:
+        self.model, self.tokenizer, self.started, self.tools = model, tokenizer, started, tools
+        self._sent: list[str] = []  # the content streamed so far (with tools)
+
+    def piece(self, event: Piece) -> list[dict]:
+        if self.tools is None:
+            return [chat_chunk(self.model, event.text, logprobs=logprobs(self.tokenizer, event.logprobs))]
+        return self._content(self.tools.feed(0, event.text))
+
+    def last(self, done: Finished) -> list[dict]:
+        out = []
+        if self.tools is not None:
+            out = self._content(self.tools.finish(0)[0])
+            text, calls = self._parsed(done.result.text)
+            so_far = "".join(self._sent)
+            if calls:
+                out.append(chat_chunk(self.model, "", calls))
+            elif text.startswith(so_far) and len(text) > len(so_far):
+                out.append(chat_chunk(self.model, text[len(so_far) :]))
+        return [*out, finished(chat_chunk(self.model), done, self.started)]
+
+    def whole(self, done: Finished) -> dict:
+        text, calls = self._parsed(done.result.text)
+        chunk = chat_chunk(self.model, text, calls, logprobs(self.tokenizer, done.result.logprobs or ()))
+        return finished(chunk, done, self.started)
+
+    def _content(self, events) -> list[dict]:
+        texts = [e.content for e in events if e.content]
+        self._sent.extend(texts)
+        return [chat_chunk(self.model, text) for text in texts]
+
+    def _parsed(self, text: str) -> tuple[str, list[dict] | None]:
+        """A whole answer's content and its calls in Ollama's shape (None without calls)."""
+        parsed = self.tools.parse(text) if self.tools is not None else None
+        if parsed is None or not parsed.calls:
+            return text, None
+        return parsed.content or "", [ollama_call(call, i) for i, call in enumerate(parsed.calls)]
+
+
 # ---------------------------------------------------------------------- models
-class ServedModel:
-    """What /api/tags, /api/show and /api/ps say of the served model."""
+def _size_and_digest(state: ServerState) -> tuple[int, str]:
+    """A registry model's file size and SHA-256; another's size is unknown (0) and its digest the
+    SHA-256 of the target's identity (stable while the file is unchanged)."""
+    spec = REGISTRY.get(state.model_name)
+    if spec is not None:
+        return spec.size, spec.sha256
+    return 0, hashlib.sha256(state.engine.target.identity.encode()).hexdigest()
 
-    def __init__(self, engine, name: str, started_at: float) -> None:
-        self.engine, self.name, self.started_at = engine, name, started_at
-        spec = REGISTRY.get(name)
-        self.size = spec.size if spec else 0
-        self.digest = spec.sha256 if spec else hashlib.sha256(engine.target.identity.encode()).hexdigest()
 
-    def details(self) -> o.ModelDetails:
-        gguf = self.name.endswith(".gguf") or self.name in REGISTRY
-        return o.ModelDetails(
-            format="gguf" if gguf else "", family="", families=[], parameter_size="", quantization_level=""
-        )
+def details(state: ServerState) -> o.ModelDetails:
+    gguf = state.model_name.endswith(".gguf") or state.model_name in REGISTRY
+    return o.ModelDetails(
+        format="gguf" if gguf else "", family="", families=[], parameter_size="", quantization_level=""
+    )
 
-    def capabilities(self) -> list[str]:
-        tokenizer = self.engine.tokenizer
-        out = ["completion"]
-        if format_for(tokenizer.chat_template) is not None:
-            out.append("tools")
-        if fim_tokens(tokenizer) is not None:
-            out.append("insert")
-        return out
 
-    def listed(self) -> o.ListedModel:
-        name = tagged(self.name)
-        return o.ListedModel(
-            name=name,
-            model=name,
-            modified_at=timestamp(self.started_at),
-            size=self.size,
-            digest=self.digest,
-            details=self.details(),
-        )
+def capabilities(state: ServerState) -> list[str]:
+    """Ollama's capability names: completion, tools (the chat template knows a call format this
+    server parses), insert (the model has FIM tokens, so /api/generate takes a suffix)."""
+    out = ["completion"]
+    if format_for(state.engine.tokenizer.chat_template) is not None:
+        out.append("tools")
+    if state.fim_tokens is not None:
+        out.append("insert")
+    return out
 
-    def running(self) -> o.RunningModel:
-        name = tagged(self.name)
-        return o.RunningModel(
-            name=name,
-            model=name,
-            size=self.size,
-            digest=self.digest,
-            details=self.details(),
-            expires_at=timestamp(time.time() + 10 * 365 * 24 * 3600),  # it stays loaded while the server runs
-            size_vram=0,
-            context_length=self.engine.target.n_ctx,
-        )
 
-    def show(self) -> o.ShowResponse:
-        n_ctx = self.engine.target.n_ctx
-        return o.ShowResponse(
-            modelfile=f"# draftwise serves this model; it has no Modelfile\nFROM {tagged(self.name)}\n",
-            parameters=f"num_ctx {n_ctx}",
-            template=self.engine.tokenizer.chat_template or "",
-            details=self.details(),
-            model_info={
-                "general.architecture": ARCHITECTURE,
-                "general.name": self.name,
-                f"{ARCHITECTURE}.context_length": n_ctx,
-                f"{ARCHITECTURE}.vocab_size": self.engine.target.vocab_size,
-            },
-            capabilities=self.capabilities(),
-            modified_at=timestamp(self.started_at),
-        )
+def listed(state: ServerState) -> o.ListedModel:
+    name, (size, digest) = tagged(state.model_name), _size_and_digest(state)
+    return o.ListedModel(
+        name=name, model=name, modified_at=timestamp(state.created), size=size, digest=digest, details=details(state)
+    )
+
+
+def running(state: ServerState) -> o.RunningModel:
+    name, (size, digest) = tagged(state.model_name), _size_and_digest(state)
+    return o.RunningModel(
+        name=name,
+        model=name,
+        size=size,
+        digest=digest,
+        details=details(state),
+        expires_at=timestamp(time.time() + 10 * 365 * 24 * 3600),  # it stays loaded while the server runs
+        size_vram=0,
+        context_length=state.engine.target.n_ctx,
+    )
+
+
+def show(state: ServerState) -> o.ShowResponse:
+    n_ctx = state.engine.target.n_ctx
+    return o.ShowResponse(
+        modelfile=f"# draftwise serves this model; it has no Modelfile\nFROM {tagged(state.model_name)}\n",
+        parameters=f"num_ctx {n_ctx}",
+        template=state.engine.tokenizer.chat_template or "",
+        details=details(state),
+        model_info={
+            "general.architecture": ARCHITECTURE,
+            "general.name": state.model_name,
+            f"{ARCHITECTURE}.context_length": n_ctx,
+            f"{ARCHITECTURE}.vocab_size": state.engine.target.vocab_size,
+        },
+        capabilities=capabilities(state),
+        modified_at=timestamp(state.created),
+    )
+
+
+def pull_statuses(state: ServerState) -> list[dict]:
+    """What Ollama streams for a pull of a model it already holds."""
+    size, digest = _size_and_digest(state)
+    return [
+        {"status": "pulling manifest"},
+        {"status": f"pulling {digest[:12]}", "digest": f"sha256:{digest}", "total": size, "completed": size},
+        {"status": "verifying sha256 digest"},
+        {"status": "writing manifest"},
+        {"status": "success"},
+    ]

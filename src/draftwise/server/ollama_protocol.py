@@ -4,6 +4,7 @@ tool calls, /api/show and /api/pull, as Ollama's docs/api.md and api/types.go de
 Requests ignore unknown fields, as Ollama does; a string where a number belongs is a 400.
 `options` stays a mapping here: ollama_requests reads it as Ollama's Options.FromMap does.
 `speculation` is the draftwise extension of the OpenAI routes (Ollama clients never send it).
+Model names are `name:tag`; the tag is optional and defaults to `latest`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,16 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from draftwise.server.protocol import SpeculationOptions
+
+
+def base_name(name: str) -> str:
+    """A model name without Ollama's default tag. Example: "toy-40:latest" -> "toy-40"."""
+    return name[: -len(":latest")] if name.endswith(":latest") else name
+
+
+def tagged(name: str) -> str:
+    """The name as Ollama lists it, with a tag. Example: "toy-40" -> "toy-40:latest"."""
+    return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
 
 
 class _Request(BaseModel):

@@ -2,7 +2,9 @@
 
 `job_events` yields a job's events up to its last and cancels the job when the client goes
 away; `openai_reply` answers a /v1 request's jobs as one JSON object or as server-sent events
-in OpenAI's chunk format (`sse_response` is the streaming reply every protocol uses).
+in OpenAI's chunk format (`sse_response` is the streaming reply of the protocols that use
+server-sent events); `ollama_reply` answers an /api/chat or /api/generate job as one object or
+as Ollama's NDJSON stream (`ndjson_response`).
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ import time
 from collections.abc import AsyncIterator
 
 from fastapi import Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
-from draftwise.server import answers, choices
+from draftwise.server import answers, choices, ollama_answers
 from draftwise.server import protocol as p
 from draftwise.server.errors import APIError
 from draftwise.server.metrics import ServerMetrics
@@ -113,3 +115,37 @@ async def openai_reply(
         yield "data: [DONE]\n\n"
 
     return sse_response(events())
+
+
+def ndjson_response(lines: AsyncIterator[str]) -> StreamingResponse:
+    return StreamingResponse(
+        lines, media_type="application/x-ndjson", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
+
+
+async def ollama_reply(
+    job: Job, request: Request, answer: ollama_answers.OllamaAnswer, *, stream: bool, metrics: ServerMetrics
+):
+    """The answer as one JSON object, or its chunks as NDJSON lines; a failure after the stream
+    began is an {"error": ...} line, which Ollama's clients raise as their ResponseError."""
+    if not stream:
+        return JSONResponse(answer.whole(await collect(job, request, "format")))
+
+    async def lines() -> AsyncIterator[str]:
+        async for event in job_events(job, request):
+            if isinstance(event, Piece):
+                chunks = answer.piece(event)
+            elif isinstance(event, Finished) and event.result.finish_reason != "cancelled":
+                chunks = answer.last(event)
+            else:
+                error = (
+                    answers.failure(event, "format")
+                    if isinstance(event, JobFailed)
+                    else APIError(503, "the generation was cancelled (server shutting down)", type="server_error")
+                )
+                metrics.observe_error(error.status, error.type)
+                chunks = [{"error": error.message}]
+            for chunk in chunks:
+                yield ollama_answers.line(chunk)
+
+    return ndjson_response(lines())

@@ -1,7 +1,8 @@
-"""Ollama requests -> what the engine takes: model names as Ollama clients send them, `options`
-read as Ollama's Options.FromMap reads them (then SamplingParams), `format` as a Constraint,
-chat and generate prompts as chat-template messages (tools and tool results included), and
-/api/generate's `suffix` as the fill-in-the-middle prompt of /v1/completions and /infill.
+"""Ollama's requests -> the engine's request (translate.EngineRequest), beside translate.py's
+OpenAI and llama.cpp translators: model names as Ollama clients send them, `options` read as
+Ollama's Options.FromMap reads them (then SamplingParams), `format` as a Constraint, chat and
+generate prompts as chat-template messages (tools and tool results included), and
+/api/generate's `suffix` as the fill-in-the-middle prompt of /v1/completions.
 
 Every refusal is an APIError (400, or 404 for a model this server does not serve) whose
 message names the field, as Ollama's own errors do.
@@ -11,17 +12,38 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from draftwise.constraints import Constraint
+from draftwise.constraints import Constraint, llguidance_tokenizer
+from draftwise.engine import Engine
 from draftwise.fim import FimUnsupportedError, fim_prompt
 from draftwise.server.errors import APIError
-from draftwise.server.ollama_protocol import ChatRequest, GenerateRequest, Message
+from draftwise.server.ollama_protocol import ChatRequest, GenerateRequest, Message, base_name, tagged
 from draftwise.server.tools import ChatTools
+from draftwise.server.translate import EngineRequest, speculation
 from draftwise.tools import ToolChoice, parse_tools, template_messages, tool_plan
 from draftwise.tools.spec import ToolSpecError
 from draftwise.types import SamplingParams
+
+
+def ollama_request(
+    engine: Engine,
+    body: ChatRequest | GenerateRequest,
+    encode: Callable[[], list[int]],
+    options: Options,
+    constraint: Constraint | None,
+) -> EngineRequest:
+    """A chat or generate request as the engine's request: the prompt ids `encode` gives, an answer
+    sized by num_predict within the context, the options' sampling under `constraint`."""
+    logprobs = logprobs_asked(body)
+    prompt_ids = encode()
+    if constraint is not None:  # the model's tokenizer adapter, built once
+        llguidance_tokenizer(engine.target)
+    limit = answer_budget(options, len(prompt_ids), engine.target.n_ctx)
+    config, drafters = speculation(body.speculation, engine.speculation)
+    return EngineRequest(prompt_ids, sampling(options, limit, constraint, logprobs), config, drafters)
+
 
 # Ollama's DefaultOptions (api/types.go) for the options that shape the answer.
 DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P = 0.8, 40, 0.9
@@ -218,16 +240,6 @@ def logprobs_asked(body: ChatRequest | GenerateRequest) -> int | None:
 
 
 # ---------------------------------------------------------------------- names and refusals
-def base_name(name: str) -> str:
-    """A model name without Ollama's default tag. Example: "toy-40:latest" -> "toy-40"."""
-    return name[: -len(":latest")] if name.endswith(":latest") else name
-
-
-def tagged(name: str) -> str:
-    """The name as Ollama lists it, with a tag. Example: "toy-40" -> "toy-40:latest"."""
-    return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
-
-
 def check_model(requested: str | None, served: str) -> None:
     """404 in Ollama's words unless `requested` names the served model (tag :latest or none)."""
     if not requested or base_name(requested) != base_name(served):
