@@ -21,6 +21,7 @@ from draftwise.backends.llamacpp import LlamaCppBackend
 from draftwise.drafters import NgramDrafter
 from draftwise.engine import Engine
 from draftwise.models import DEFAULT_TARGET
+from draftwise.server import create_app
 from draftwise.types import SpeculationConfig
 from tests.server.conftest import API_KEY, MODEL, LiveServer
 from tests.server.conftest import make_engine as plain_engine
@@ -350,6 +351,28 @@ def test_api_keys_guard_the_ollama_routes():
         keyed = ollama.Client(host=server.url, headers={"Authorization": f"Bearer {API_KEY}"})
         assert keyed.chat(model=MODEL, messages=HELLO, options={"num_predict": 3}).eval_count == 3
         assert keyed.list().models[0].model == MODEL + ":latest"
+
+
+def test_one_tenant_is_not_told_what_another_left_in_the_cache():
+    engine = plain_engine()
+    with LiveServer(engine, app=create_app(engine, MODEL, api_keys=("key-a", "key-b"))) as server:
+        body = {"model": MODEL, "prompt": "a shared prompt both tenants send", "raw": True, "stream": False}
+        body["options"] = {"num_predict": 4}
+
+        def ask(key: str) -> dict:
+            headers = {"Authorization": f"Bearer {key}"}
+            response = httpx.post(f"{server.url}/api/generate", json=body, headers=headers, timeout=30)
+            assert response.status_code == 200, response.text
+            return response.json()
+
+        first, other, again = ask("key-a"), ask("key-b"), ask("key-b")
+    assert first["speculative"]["num_reused_tokens"] == 0 and "prompt_eval_duration" in first
+    # b's first request found a's prompt in the cache: neither the count nor the times say so
+    assert other["speculative"]["num_reused_tokens"] == 0 and other["speculative"]["prefill_ms"] is None
+    assert not {"prompt_eval_duration", "eval_duration", "total_duration"} & set(other)
+    assert other["prompt_eval_count"] == first["prompt_eval_count"]
+    # b's own cache is b's to know
+    assert again["speculative"]["num_reused_tokens"] > 0 and "prompt_eval_duration" in again
 
 
 # ---------------------------------------------------------------------- LangChain
