@@ -2,8 +2,9 @@
 
 It builds the app's ServerState (state.py) and mounts the routers: OpenAI's routes with
 /health and /metrics (openai_routes.py), llama.cpp's /infill (infill.py) and /tokenize
-(tokenizer_routes.py), Ollama's /api/* (ollama_routes.py); errors.install adds the error
-handlers and the Guard middleware, and OllamaErrors around it words /api/*'s errors as Ollama's.
+(tokenizer_routes.py), Ollama's /api/* (ollama_routes.py), OpenAI's Responses
+(responses_routes.py); errors.install adds the error handlers and the Guard
+middleware, and OllamaErrors around it words /api/*'s errors as Ollama's.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from fastapi import FastAPI
 
 from draftwise.engine import Engine
 from draftwise.fim import fim_tokens
-from draftwise.server import errors, infill, ollama_routes, openai_routes, tokenizer_routes
+from draftwise.server import errors, infill, ollama_routes, openai_routes, responses_routes, tokenizer_routes
 from draftwise.server.errors import BODY_TIMEOUT_S
 from draftwise.server.metrics import ServerMetrics
 from draftwise.server.serving import MAX_QUEUE, Serving
@@ -73,4 +74,5 @@ def create_app(
     app.include_router(tokenizer_routes.router)
     app.include_router(infill.router)
     app.include_router(ollama_routes.router)
+    responses_routes.mount(app)
     return app

@@ -4,7 +4,8 @@
 away; `openai_reply` answers a /v1 request's jobs as one JSON object or as server-sent events
 in OpenAI's chunk format (`sse_response` is the streaming reply of the protocols that use
 server-sent events); `ollama_reply` answers an /api/chat or /api/generate job as one object or
-as Ollama's NDJSON stream (`ndjson_response`).
+as Ollama's NDJSON stream (`ndjson_response`); `responses_reply` answers a /v1/responses job as
+the response object or its server-sent events.
 """
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from draftwise.server import answers, choices, ollama_answers
+from draftwise.server import answers, choices, ollama_answers, responses_answers
 from draftwise.server import protocol as p
 from draftwise.server.errors import APIError
 from draftwise.server.metrics import ServerMetrics
@@ -149,3 +150,44 @@ async def ollama_reply(
                 yield ollama_answers.line(chunk)
 
     return ndjson_response(lines())
+
+
+async def responses_reply(
+    job: Job,
+    request: Request,
+    answer: responses_answers.ResponseAnswer,
+    *,
+    stream: bool,
+    constraint_param: str,
+    metrics: ServerMetrics,
+    keep: Callable[[dict], None],
+):
+    """The response object, or its server-sent events (response.created ... response.completed);
+    `keep` takes the finished object (the route stores it). A failure after the stream began is an
+    error event and response.failed."""
+    if not stream:
+        final = answer.whole(await collect(job, request, constraint_param))
+        keep(final)
+        return JSONResponse(final)
+
+    async def events() -> AsyncIterator[str]:
+        for opening in answer.openings():
+            yield opening
+        async for event in job_events(job, request):
+            if isinstance(event, Piece):
+                chunks = answer.piece(event)
+            elif isinstance(event, Finished) and event.result.finish_reason != "cancelled":
+                chunks, final = answer.last(event)
+                keep(final)
+            else:
+                error = (
+                    answers.failure(event, constraint_param)
+                    if isinstance(event, JobFailed)
+                    else APIError(503, "the generation was cancelled (server shutting down)", type="server_error")
+                )
+                metrics.observe_error(error.status, error.type)
+                chunks = answer.failed(error.message, error.code, error.param)
+            for chunk in chunks:
+                yield chunk
+
+    return sse_response(events())

@@ -1,0 +1,190 @@
+"""OpenAI's Responses requests -> the /v1/chat/completions request they mean, beside translate.py's
+translators: `input` (text or items: messages, function_call, function_call_output) and
+`instructions` as chat messages, flat function tools as chat tools, `text.format` as
+response_format, max_output_tokens as max_completion_tokens. The chat request then takes the
+chat route's own path to the engine (translate.openai_request, tools.chat_tools), so a greedy
+answer here equals /v1/chat/completions' token for token, constraints and tool calls included.
+
+Every refusal is an APIError (400 naming the field): built-in tools, reasoning effort, background
+mode, images and files, and the other fields the engine cannot serve.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import ValidationError
+
+from draftwise.server import protocol as p
+from draftwise.server.errors import APIError
+from draftwise.server.responses_protocol import ResponsesRequest
+
+# Content part types read as text, by the role whose message carries them.
+_TEXT_PARTS = ("input_text", "output_text", "text")
+
+
+def _refuse(param: str, message: str) -> APIError:
+    return APIError(400, message, param=param, code="unsupported_parameter")
+
+
+def refuse_unsupported(body: ResponsesRequest) -> None:
+    """Fields set to what this server cannot serve: a 400 naming the first."""
+    if body.background:
+        raise _refuse("background", "background mode is not supported by this server; send background: false")
+    if body.reasoning is not None and body.reasoning.effort not in (None, "none"):
+        raise _refuse(
+            "reasoning.effort",
+            f"reasoning.effort {body.reasoning.effort!r} is not supported with this model: it does not reason",
+        )
+    if body.conversation is not None:
+        raise _refuse("conversation", "conversations are not supported by this server; use previous_response_id")
+    if body.prompt is not None:
+        raise _refuse("prompt", "prompt templates are not supported by this server; send input and instructions")
+    if body.top_logprobs:
+        raise _refuse("top_logprobs", "top_logprobs is not supported on /v1/responses; use /v1/chat/completions")
+    if body.max_tool_calls is not None:
+        raise _refuse("max_tool_calls", "max_tool_calls is not supported by this server")
+    if body.text is not None and body.text.verbosity not in (None, "medium"):
+        raise _refuse("text.verbosity", "text.verbosity is not supported by this server; leave it out")
+    for i, tool in enumerate(body.tools or ()):
+        kind = tool.get("type")
+        if kind != "function":
+            raise _refuse(
+                f"tools[{i}].type",
+                f"tools[{i}] is of type {kind!r}: only function tools are supported by this server "
+                "(built-in tools such as web_search, file_search, code_interpreter and custom tools are not)",
+            )
+
+
+def function_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Flat Responses function tools -> chat's {"type": "function", "function": {...}}.
+    Example: {"type": "function", "name": "f", "parameters": {...}, "strict": true} ->
+    {"type": "function", "function": {"name": "f", "parameters": {...}, "strict": true}}."""
+    if not tools:
+        return None
+    keys = ("name", "description", "parameters", "strict")
+    return [{"type": "function", "function": {k: t[k] for k in keys if t.get(k) is not None}} for t in tools]
+
+
+def chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+    """{"type": "function", "name": "f"} -> chat's {"type": "function", "function": {"name": "f"}}."""
+    if isinstance(choice, dict):
+        if choice.get("type") != "function":
+            raise _refuse("tool_choice", f"tool_choice of type {choice.get('type')!r} is not supported by this server")
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    return choice
+
+
+def _text(content: Any, where: str) -> str:
+    """A message's content (a string or text parts) as its text; images and files are a 400."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise APIError(400, f"{where}.content must be a string or a list of parts", param=f"{where}.content")
+    out = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in ("input_image", "input_file", "input_audio"):
+            raise _refuse(
+                f"{where}.content[{j}]", f"{kind} is not supported by this server: draftwise serves text-only models"
+            )
+        if kind == "refusal":
+            out.append(part.get("refusal") or "")
+            continue
+        if kind not in _TEXT_PARTS or not isinstance(part.get("text"), str):
+            raise APIError(400, f"{where}.content[{j}] must be a text part", param=f"{where}.content[{j}]")
+        out.append(part["text"])
+    return "".join(out)
+
+
+def input_messages(raw: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`input` -> chat messages. A function_call joins the assistant message just before it (so
+    an answer's text and its calls are one assistant turn, as chat templates lay them out); a
+    function_call_output is a tool message; reasoning items (which this server never makes) are
+    dropped. Example: [message user "hi", function_call f, function_call_output] -> [user,
+    assistant with tool_calls [f], tool]."""
+    if isinstance(raw, str):
+        return [{"role": "user", "content": raw}]
+    out: list[dict[str, Any]] = []
+    for i, item in enumerate(raw):
+        where = f"input[{i}]"
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "system", "developer", "assistant"):
+                raise APIError(400, f"{where}.role must be user, system, developer or assistant", param=f"{where}.role")
+            out.append(
+                {"role": "system" if role == "developer" else role, "content": _text(item.get("content"), where)}
+            )
+        elif kind == "function_call":
+            arguments = item.get("arguments")
+            if not isinstance(item.get("name"), str) or not isinstance(item.get("call_id"), str):
+                raise APIError(400, f"{where} needs call_id and name", param=where)
+            call = {
+                "id": item["call_id"],
+                "type": "function",
+                "function": {"name": item["name"], "arguments": arguments if isinstance(arguments, str) else "{}"},
+            }
+            if not out or out[-1]["role"] != "assistant":
+                out.append({"role": "assistant", "content": None})
+            out[-1].setdefault("tool_calls", []).append(call)
+        elif kind == "function_call_output":
+            output = item.get("output")
+            text = output if isinstance(output, str) else _text(output, where)
+            out.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": text})
+        elif kind == "reasoning":
+            continue
+        elif kind == "item_reference":
+            raise _refuse(f"{where}.type", "item references are not supported by this server; send the items")
+        else:
+            raise _refuse(f"{where}.type", f"input items of type {kind!r} are not supported by this server")
+    return out
+
+
+def output_message(response: dict[str, Any]) -> list[dict[str, Any]]:
+    """A response's output items as the chat messages of the assistant's turn."""
+    return input_messages([{k: v for k, v in item.items() if k != "id"} for item in response["output"]])
+
+
+def _format(body: ResponsesRequest) -> dict[str, Any] | None:
+    fmt = body.text.format if body.text else None
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return {"type": "json_object"}
+    schema = {"name": fmt.name or "response", "schema": fmt.schema_, "strict": fmt.strict}
+    return {"type": "json_schema", "json_schema": {k: v for k, v in schema.items() if v is not None}}
+
+
+def chat_request(body: ResponsesRequest, conversation: list[dict[str, Any]]) -> p.ChatCompletionRequest:
+    """The chat request the Responses request means: instructions first, then the conversation."""
+    system = [{"role": "system", "content": body.instructions}] if body.instructions else []
+    chat = {
+        "model": body.model,
+        "messages": [*system, *conversation],
+        "max_completion_tokens": body.max_output_tokens,
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+        "tools": function_tools(body.tools),
+        "tool_choice": chat_tool_choice(body.tool_choice),
+        "parallel_tool_calls": body.parallel_tool_calls,
+        "response_format": _format(body),
+        "speculation": body.speculation.model_dump(exclude_none=True) if body.speculation else None,
+    }
+    try:
+        return p.ChatCompletionRequest.model_validate_json(json.dumps({k: v for k, v in chat.items() if v is not None}))
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        raise APIError(
+            400, f"invalid request: {error['msg']}", param=_param(error["loc"]), code="invalid_value"
+        ) from None
+
+
+_PARAMS = {"messages": "input", "max_completion_tokens": "max_output_tokens", "response_format": "text.format"}
+
+
+def _param(loc: tuple) -> str:
+    """A chat field's location as the Responses field it came from."""
+    head = _PARAMS.get(str(loc[0]), str(loc[0])) if loc else "input"
+    return head
