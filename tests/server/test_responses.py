@@ -113,6 +113,32 @@ def test_stream_helper_of_the_client_assembles_the_response(oa):
     assert text == final.output_text == "Hello there."
 
 
+def test_stream_cut_by_max_output_tokens_ends_incomplete(oa):
+    got = events(oa.responses.create(model=MODEL, input="hello", temperature=0, max_output_tokens=5, stream=True))
+    assert got[-1].type == "response.incomplete"
+    final = got[-1].response
+    assert final.status == "incomplete" and final.output_text == "Hello" and final.output[0].status == "incomplete"
+
+
+def test_input_items_equal_the_chat_messages_they_mean(oa):
+    items = [
+        {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "be brief"}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hello there."}]},
+        {"role": "user", "content": "hello"},
+    ]
+    response = oa.responses.create(model=MODEL, input=items, **GREEDY)
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "Hello there."},
+        {"role": "user", "content": "hello"},
+    ]
+    chat = oa.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=200)
+    assert response.output_text == chat.choices[0].message.content
+    assert response.usage.input_tokens == chat.usage.prompt_tokens
+
+
 # ---------------------------------------------------------------------- tools
 @pytest.mark.parametrize("speculate", [False, True])
 def test_function_call_is_valid_against_its_schema(oa, speculate):
@@ -146,6 +172,55 @@ def test_streamed_function_call_matches_the_whole_one(oa):
     assert deltas == done.arguments == call.arguments == whole.output[1].arguments
     added = [e.item for e in got if e.type == "response.output_item.added"]
     assert [i.type for i in added] == ["message", "function_call"] and added[1].call_id == call.call_id
+
+
+def test_named_tool_choice_and_one_call(oa):
+    response = oa.responses.create(
+        model=MODEL,
+        input="two",
+        tools=FLAT_TOOLS,
+        tool_choice={"type": "function", "name": "get_time"},
+        parallel_tool_calls=False,
+        **GREEDY,
+    )
+    [call] = [i for i in response.output if i.type == "function_call"]
+    assert call.name == "get_time"
+    jsonschema.validate(json.loads(call.arguments), TOOLS[1]["function"]["parameters"])
+    assert response.tool_choice.name == "get_time" and response.parallel_tool_calls is False
+
+
+def test_a_codex_shaped_turn_streams_to_completion(live):
+    """The fields Codex CLI sends (codex-rs ResponsesApiRequest): instructions, a developer message,
+    function tools with strict false, tool_choice auto, store false, include, prompt_cache_key."""
+    body = {
+        "model": MODEL,
+        "instructions": "You are a coding agent.",
+        "input": [
+            {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "sandbox: none"}]},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "call"}]},
+        ],
+        "tools": [{**FLAT_TOOLS[0], "strict": False}],
+        "tool_choice": "auto",
+        "parallel_tool_calls": False,
+        "reasoning": None,
+        "store": False,
+        "stream": True,
+        "include": [],
+        "prompt_cache_key": "0199-session",
+        "temperature": 0,
+    }
+    headers = {"Authorization": "Bearer unused", "Accept": "text/event-stream"}
+    reply = httpx.post(f"{live.url}/v1/responses", json=body, headers=headers, timeout=30)
+    assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/event-stream")
+    blocks = [b for b in reply.text.split("\n\n") if b]
+    kinds = [b.split("\n")[0].removeprefix("event: ") for b in blocks]
+    datas = [json.loads(b.split("\n")[1].removeprefix("data: ")) for b in blocks]
+    assert kinds == [d["type"] for d in datas] and kinds[-1] == "response.completed"
+    done = [d["item"] for d in datas if d["type"] == "response.output_item.done"]
+    assert [i["type"] for i in done] == ["message", "function_call"]
+    assert json.loads(done[1]["arguments"]) == {"city": "Paris"}
+    final = datas[-1]["response"]
+    assert final["usage"]["output_tokens"] > 0 and final["store"] is False
 
 
 def test_tool_result_as_input_items(oa):
@@ -258,6 +333,10 @@ def test_store_keeps_the_newest_per_key():
         ),
         ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}, "input[0].content[0]"),
         ({"tool_choice": "required"}, "tool_choice"),
+        ({"input": [{"type": "local_shell_call", "call_id": "c", "action": {}}]}, "input[0].type"),
+        ({"text": {"format": {"type": "json_object"}}, "tools": FLAT_TOOLS}, "text.format"),
+        ({"tools": FLAT_TOOLS, "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice.name"),
+        ({"tools": [{"type": "function", "name": "bad name"}]}, "tools[0].name"),
     ],
 )
 def test_fields_that_cannot_be_served_are_400(oa, fields, param):

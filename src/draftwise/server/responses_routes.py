@@ -61,14 +61,15 @@ async def create_response(body: ResponsesRequest, request: Request, state: State
         conversation = list(previous.conversation)
     conversation += t.input_messages(body.input)
     chat = t.chat_request(body, conversation)
-    translate.check_model(chat, state.model_name)
     engine = state.engine
-    tools, messages = chat_tools(chat, engine.tokenizer, translate.chat_messages(chat))
+    with t.in_responses_terms():
+        translate.check_model(chat, state.model_name)
+        tools, messages = chat_tools(chat, engine.tokenizer, translate.chat_messages(chat))
 
-    def prepare(_item: None) -> translate.EngineRequest:
-        return translate.openai_request(engine, chat, None, messages, chat.max_completion_tokens, None, tools)
+        def prepare(_item: None) -> translate.EngineRequest:
+            return translate.openai_request(engine, chat, None, messages, chat.max_completion_tokens, None, tools)
 
-    [job] = await submit(state, chat, tenant, "responses", "resp", [None], prepare, param="input")
+        [job] = await submit(state, chat, tenant, "responses", "resp", [None], prepare, param="input")
     answer = ResponseAnswer(body, state.model_name, tools, body.previous_response_id)
 
     def keep(final: dict[str, Any]) -> None:

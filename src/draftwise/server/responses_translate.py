@@ -12,6 +12,9 @@ mode, images and files, and the other fields the engine cannot serve.
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from pydantic import ValidationError
@@ -176,15 +179,33 @@ def chat_request(body: ResponsesRequest, conversation: list[dict[str, Any]]) -> 
         return p.ChatCompletionRequest.model_validate_json(json.dumps({k: v for k, v in chat.items() if v is not None}))
     except ValidationError as exc:
         error = exc.errors()[0]
-        raise APIError(
-            400, f"invalid request: {error['msg']}", param=_param(error["loc"]), code="invalid_value"
-        ) from None
+        param = responses_param(".".join(str(part) for part in error["loc"])) or "input"
+        raise APIError(400, f"invalid request: {error['msg']}", param=param, code="invalid_value") from None
 
 
-_PARAMS = {"messages": "input", "max_completion_tokens": "max_output_tokens", "response_format": "text.format"}
+@contextmanager
+def in_responses_terms() -> Iterator[None]:
+    """An APIError raised by the chat path, renamed to the Responses field it came from."""
+    try:
+        yield
+    except APIError as exc:
+        exc.param = responses_param(exc.param)
+        exc.message = exc.message.replace("response_format", "text.format").replace(
+            "max_completion_tokens", "max_output_tokens"
+        )
+        exc.args = (exc.message,)
+        raise
 
 
-def _param(loc: tuple) -> str:
-    """A chat field's location as the Responses field it came from."""
-    head = _PARAMS.get(str(loc[0]), str(loc[0])) if loc else "input"
-    return head
+def responses_param(param: str | None) -> str | None:
+    """A chat request's field as the Responses request's. Example: "tools[1].function.name" ->
+    "tools[1].name"; "messages[3].content" -> "input"; "response_format" -> "text.format"."""
+    if param is None:
+        return None
+    if param.startswith("messages"):
+        return "input"  # instructions and the stored turns come first, so the indices differ
+    if param.startswith("response_format"):
+        return "text.format"
+    if param in ("max_completion_tokens", "max_tokens"):
+        return "max_output_tokens"
+    return re.sub(r"^(tools\[\d+\]|tool_choice)\.function\.", r"\1.", param)
