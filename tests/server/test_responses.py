@@ -352,7 +352,10 @@ def test_unknown_model_is_404(live):
 
 
 # ---------------------------------------------------------------------- the Agents SDK
-def test_agents_sdk_responses_model_runs_two_tools(agent_server):  # noqa: F811
+@pytest.mark.parametrize("how", ["model", "default_client"])
+def test_agents_sdk_responses_model_runs_two_tools(agent_server, how):  # noqa: F811
+    """The SDK's Responses model given explicitly, or by name through the default client (the
+    SDK's default API is the Responses API)."""
     agents = pytest.importorskip("agents")
     from openai import AsyncOpenAI
 
@@ -372,15 +375,26 @@ def test_agents_sdk_responses_model_runs_two_tools(agent_server):  # noqa: F811
         return "noon" if zone == "CET" else "unknown"
 
     async_client = AsyncOpenAI(base_url=f"{agent_server.url}/v1", api_key="unused", max_retries=0, timeout=30)
+    if how == "model":
+        model = agents.OpenAIResponsesModel(model=MODEL, openai_client=async_client)
+    else:
+        agents.set_default_openai_client(async_client, use_for_tracing=False)
+        model = MODEL
     agent = agents.Agent(
         name="helper",
         instructions="Use the tools.",
         tools=[get_weather, get_time],
-        model=agents.OpenAIResponsesModel(model=MODEL, openai_client=async_client),
+        model=model,
         model_settings=agents.ModelSettings(temperature=0, max_tokens=200),
     )
-    result = agents.Runner.run_sync(agent, "Weather and time in Paris?", max_turns=5)
+    try:
+        result = agents.Runner.run_sync(agent, "Weather and time in Paris?", max_turns=5)
+    finally:
+        if how == "default_client":
+            agents.set_default_openai_client(AsyncOpenAI(api_key="unused"), use_for_tracing=False)
     assert calls == [("get_weather", "Paris"), ("get_time", "CET")]
     assert result.final_output == "It is sunny at noon."
     items = [type(i).__name__ for i in result.new_items]
     assert items.count("ToolCallItem") == 2 and items.count("ToolCallOutputItem") == 2, items
+    # three turns, each a /v1/responses response (chat completions' turns carry no response id)
+    assert [r.response_id[:5] for r in result.raw_responses] == ["resp_"] * 3
