@@ -17,6 +17,8 @@ import httpx
 import jsonschema
 import openai
 import pytest
+from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import TypeAdapter
 
 from draftwise.server import create_app
 from draftwise.server.responses_protocol import ResponseStore, Stored
@@ -35,6 +37,7 @@ SCHEMA = {
 # test_tools' tools in the Responses API's flat shape
 FLAT_TOOLS = [{"type": "function", **t["function"]} for t in TOOLS]
 GREEDY = {"temperature": 0, "max_output_tokens": 200}
+STREAM_EVENT = TypeAdapter(ResponseStreamEvent)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +52,11 @@ def oa(live) -> openai.OpenAI:
 
 
 def events(stream) -> list:
+    """The stream's events, each checked against the openai client's types (the client itself
+    reads them leniently) and numbered in order."""
     out = list(stream)
+    for event in out:
+        STREAM_EVENT.validate_python(event.to_dict())
     assert [e.sequence_number for e in out] == list(range(len(out)))
     return out
 
@@ -57,6 +64,7 @@ def events(stream) -> list:
 # ---------------------------------------------------------------------- text
 def test_text_equals_chat_completions_token_for_token(oa):
     response = oa.responses.create(model=MODEL, input="hello", instructions="be brief", **GREEDY)
+    Response.model_validate(response.to_dict())  # every field the client's type requires
     chat = oa.chat.completions.create(
         model=MODEL,
         messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}],
@@ -398,3 +406,26 @@ def test_agents_sdk_responses_model_runs_two_tools(agent_server, how):  # noqa: 
     assert items.count("ToolCallItem") == 2 and items.count("ToolCallOutputItem") == 2, items
     # three turns, each a /v1/responses response (chat completions' turns carry no response id)
     assert [r.response_id[:5] for r in result.raw_responses] == ["resp_"] * 3
+
+
+def test_a_failure_mid_stream_is_an_error_event_then_response_failed():
+    """The events of an answer that fails after its first text, read by the openai client's types."""
+    from draftwise.server.responses_answers import ResponseAnswer
+    from draftwise.server.responses_protocol import ResponsesRequest
+    from draftwise.server.serving import Piece
+
+    answer = ResponseAnswer(ResponsesRequest(model=MODEL, input="hi"), MODEL, None, None)
+    chunks = [*answer.openings(), *answer.piece(Piece("Hel")), *answer.failed("generation failed: boom", None, None)]
+    parsed = [STREAM_EVENT.validate_json(c.split("data: ", 1)[1]) for c in chunks]
+    assert [e.type for e in parsed] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "error",
+        "response.failed",
+    ]
+    assert [e.sequence_number for e in parsed] == list(range(len(parsed)))
+    assert parsed[-2].message == "generation failed: boom"
+    assert parsed[-1].response.status == "failed" and parsed[-1].response.error.message == "generation failed: boom"

@@ -110,8 +110,9 @@ def serve(
     dtype,
     device,
 ) -> None:
-    """Serve the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics)
-    and Ollama's (/api/chat, /api/generate, /api/tags, /api/show: see docs/ollama.md)."""
+    """Serve the OpenAI API (/v1/chat/completions, /v1/completions, /v1/responses: see docs/responses.md,
+    /v1/models, /health, /metrics) and Ollama's (/api/chat, /api/generate, /api/tags, /api/show: see
+    docs/ollama.md)."""
     import logging
 
     speculation = SpeculationConfig(policy=policy, max_draft_tokens=k)
