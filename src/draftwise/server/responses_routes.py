@@ -74,7 +74,7 @@ async def create_response(body: ResponsesRequest, request: Request, state: State
 
     def keep(final: dict[str, Any]) -> None:
         if body.store is not False:
-            store.put(tenant, Stored(final, (*conversation, *t.output_message(final))))
+            store.put(tenant, Stored(final, (*conversation, *t.output_messages(final))))
 
     constraint_param = "tools" if tools else "text.format"
     return await responses_reply(

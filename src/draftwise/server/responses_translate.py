@@ -127,7 +127,10 @@ def input_messages(raw: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
             call = {
                 "id": item["call_id"],
                 "type": "function",
-                "function": {"name": item["name"], "arguments": arguments if isinstance(arguments, str) else "{}"},
+                "function": {
+                    "name": item["name"],
+                    "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments or {}),
+                },
             }
             if not out or out[-1]["role"] != "assistant":
                 out.append({"role": "assistant", "content": None})
@@ -145,7 +148,7 @@ def input_messages(raw: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def output_message(response: dict[str, Any]) -> list[dict[str, Any]]:
+def output_messages(response: dict[str, Any]) -> list[dict[str, Any]]:
     """A response's output items as the chat messages of the assistant's turn."""
     return input_messages([{k: v for k, v in item.items() if k != "id"} for item in response["output"]])
 
