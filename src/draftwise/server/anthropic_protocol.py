@@ -45,6 +45,7 @@ class Tool(_Request):
     name: str
     description: str | None = None
     input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+    strict: bool | None = None  # the input follows the schema exactly (OpenAI's function.strict)
     type: str | None = None
 
 

@@ -135,7 +135,12 @@ def chat_tools(body: CountTokensRequest, tokenizer, messages: list[dict]) -> tup
             [
                 {
                     "type": "function",
-                    "function": {"name": t.name, "description": t.description or "", "parameters": t.input_schema},
+                    "function": {
+                        "name": t.name,
+                        "description": t.description or "",
+                        "parameters": t.input_schema,
+                        **({"strict": t.strict} if t.strict is not None else {}),
+                    },
                 }
                 for t in body.tools
             ]
