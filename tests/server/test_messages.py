@@ -165,6 +165,16 @@ def test_streamed_tool_use_blocks(claude):
     assert indices == [0, 1]
 
 
+def test_a_call_cut_short_is_text_streamed_or_not(claude):
+    kwargs = {"model": MODEL, "max_tokens": 30, "messages": [{"role": "user", "content": "call"}]}
+    whole = claude.messages.create(**kwargs, tools=CLAUDE_TOOLS, extra_body=GREEDY)
+    with claude.messages.stream(**kwargs, tools=CLAUDE_TOOLS, extra_body=GREEDY) as stream:
+        streamed = stream.get_final_message()
+    assert whole.stop_reason == streamed.stop_reason == "max_tokens"
+    assert [b.type for b in whole.content] == [b.type for b in streamed.content] == ["text"]
+    assert whole.content[0].text == streamed.content[0].text == 'Let me look.\n<tool_call>\n{"nam'
+
+
 def test_tool_result_turn(claude):
     call = [{"role": "user", "content": "call"}]
     first = create(claude, call, tools=CLAUDE_TOOLS)
@@ -269,6 +279,13 @@ def test_one_tenant_is_not_told_what_another_left_in_the_cache():
     # b's own cache is b's to know
     assert again.cache_read_input_tokens > 0
     assert again.input_tokens + again.cache_read_input_tokens == first.input_tokens
+
+
+def test_a_body_over_the_cap_is_request_too_large(live):
+    response = httpx.post(
+        f"{live.url}/v1/messages", content=b" " * (17 * 1024 * 1024), headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 413 and response.json()["error"]["type"] == "request_too_large"
 
 
 def test_raw_stream_events_are_anthropics(live):

@@ -85,6 +85,7 @@ class MessagesAnswer:
         self.model_name, self.tokenizer, self.tools, self.stop = model_name, tokenizer, tools, stop
         self._open: int | None = None  # the index of the block being streamed
         self._kind = ""  # its type
+        self._sent = ""  # the text streamed so far
         self._blocks = 0
 
     def _message(self, content: list[dict], reason: str | None, sequence: str | None, use: dict) -> dict:
@@ -129,6 +130,10 @@ class MessagesAnswer:
         if self.tools is not None:
             held, called = self.tools.finish(0)
             out = self._deltas(held)
+            text = done.result.text
+            if not called and text.startswith(self._sent) and len(text) > len(self._sent):
+                # a call the answer's end cut short is text, as the whole message holds it
+                out += self._deltas([StreamEvent(content=text[len(self._sent) :])])
         out += self._close()
         reason, sequence = stop_reason(done, self.stop, self.tokenizer, called)
         delta = {"delta": {"stop_reason": reason, "stop_sequence": sequence}, "usage": usage(done)}
@@ -143,6 +148,7 @@ class MessagesAnswer:
                     out.append(self._close())
                     out.append(self._start({"type": "text", "text": ""}))
                 out.append(self._delta({"type": "text_delta", "text": e.content}))
+                self._sent += e.content
             elif e.name is not None:
                 out.append(self._close())
                 out.append(self._start({"type": "tool_use", "id": e.id, "name": e.name, "input": {}}))
