@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh test,hf
 . .venv/bin/activate
-ruff check src tests scripts
-ruff format --check src tests scripts
+ruff check src tests scripts docs/bench
+ruff format --check src tests scripts docs/bench
 NO_MKDOCS_2_WARNING=1 mkdocs build --strict --quiet  # the variable only silences Material's end-of-life banner
 python -m pytest -q "$@"
