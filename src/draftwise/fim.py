@@ -161,7 +161,7 @@ def fim_prompt(
     spm: suffix-prefix-middle order instead (llama.cpp's --spm-infill): <|fim_suffix|>{suffix}
     <|fim_prefix|>{prefix}{prompt}<|fim_middle|>, so the typed part of the line comes last and
     everything before it stays cached while a user types; whether the model completes as well
-    that way depends on its training (measured for the default target in README).
+    that way depends on its training (measured for the default target in docs/code-completion.md).
 
     Example (Qwen, repo_level=False): ("def f(", "):\\n") -> [<|fim_prefix|>, "def", " f", "(", <|fim_suffix|>,
     "):\\n", <|fim_middle|>].

@@ -234,8 +234,8 @@ def test_default_target_fills_in_the_middle(engine):
 
 def test_default_target_calls_a_tool_with_speculation_as_without(engine):
     """Tool calling on the real pair, tool_choice required (Qwen2.5-Coder 1.5B answers a tool
-    prompt under auto with a ```json block, not <tool_call>: see the README): the target calls the
-    tool with valid arguments, and the speculative answer (n-gram, the draft model drafting under
+    prompt under auto with a ```json block, not <tool_call>: see docs/tools-and-structured-output.md):
+    the target calls the tool with valid arguments, and the speculative answer (n-gram, the draft model drafting under
     the grammar) makes the same call as plain decoding."""
     import json
 

@@ -2,9 +2,10 @@
 
 It builds the app's ServerState (state.py) and mounts the routers: OpenAI's routes with
 /health and /metrics (openai_routes.py), llama.cpp's /infill (infill.py) and /tokenize
-(tokenizer_routes.py), Ollama's /api/* (ollama_routes.py), OpenAI's Responses
-(responses_routes.py); errors.install adds the error handlers and the Guard
-middleware, and OllamaErrors around it words /api/*'s errors as Ollama's.
+(tokenizer_routes.py), Ollama's /api/* (ollama_routes.py), Anthropic's /v1/messages
+(anthropic_routes.py), OpenAI's Responses (responses_routes.py); errors.install adds the error
+handlers and the Guard middleware, and OllamaErrors and AnthropicErrors around it word /api/*'s
+and /v1/messages' errors as theirs.
 """
 
 from __future__ import annotations
@@ -16,7 +17,15 @@ from fastapi import FastAPI
 
 from draftwise.engine import Engine
 from draftwise.fim import fim_tokens
-from draftwise.server import errors, infill, ollama_routes, openai_routes, responses_routes, tokenizer_routes
+from draftwise.server import (
+    anthropic_routes,
+    errors,
+    infill,
+    ollama_routes,
+    openai_routes,
+    responses_routes,
+    tokenizer_routes,
+)
 from draftwise.server.errors import BODY_TIMEOUT_S
 from draftwise.server.metrics import ServerMetrics
 from draftwise.server.serving import MAX_QUEUE, Serving
@@ -70,9 +79,11 @@ def create_app(
     app.state.serving = serving
     errors.install(app, metrics, keys, metrics_key=metrics_key, log_content=log_content, body_timeout_s=body_timeout_s)
     app.add_middleware(ollama_routes.OllamaErrors)  # added last: it wraps the Guard
+    app.add_middleware(anthropic_routes.AnthropicErrors)  # so does this one
     app.include_router(openai_routes.router)
     app.include_router(tokenizer_routes.router)
     app.include_router(infill.router)
     app.include_router(ollama_routes.router)
+    app.include_router(anthropic_routes.router)
     responses_routes.mount(app)
     return app

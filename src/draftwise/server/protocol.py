@@ -119,7 +119,9 @@ class ChatCompletionRequest(_GenerationRequest):
     max_completion_tokens: int | None = Field(None, ge=1, description="Preferred over max_tokens when both are set.")
     logprobs: bool | None = Field(None, description="Each answer token's logprob (the model's raw log-softmax).")
     top_logprobs: int | None = Field(None, ge=0, le=20, description="Alternatives per token (needs logprobs).")
-    tools: list[dict[str, Any]] | None = Field(None, description="Function tools (see the README's Tool calling).")
+    tools: list[dict[str, Any]] | None = Field(
+        None, description="Function tools (see docs/tools-and-structured-output.md)."
+    )
     tool_choice: str | dict[str, Any] | None = Field(
         None, description='"none", "auto" (default), "required" or {"type": "function", "function": {"name": ...}}.'
     )

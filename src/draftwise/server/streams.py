@@ -4,8 +4,9 @@
 away; `openai_reply` answers a /v1 request's jobs as one JSON object or as server-sent events
 in OpenAI's chunk format (`sse_response` is the streaming reply of the protocols that use
 server-sent events); `ollama_reply` answers an /api/chat or /api/generate job as one object or
-as Ollama's NDJSON stream (`ndjson_response`); `responses_reply` answers a /v1/responses job as
-the response object or its server-sent events.
+as Ollama's NDJSON stream (`ndjson_response`); `messages_reply` answers a /v1/messages job as
+one message or as Anthropic's server-sent events; `responses_reply` a /v1/responses job as the
+response object or its server-sent events.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import AsyncIterator, Callable
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from draftwise.server import answers, choices, ollama_answers, responses_answers
+from draftwise.server import answers, anthropic_answers, choices, ollama_answers, responses_answers
 from draftwise.server import protocol as p
 from draftwise.server.errors import APIError
 from draftwise.server.metrics import ServerMetrics
@@ -150,6 +151,33 @@ async def ollama_reply(
                 yield ollama_answers.line(chunk)
 
     return ndjson_response(lines())
+
+
+async def messages_reply(
+    job: Job, request: Request, answer: anthropic_answers.MessagesAnswer, *, stream: bool, metrics: ServerMetrics
+):
+    """The answer as one message, or as Anthropic's events; a failure after the stream began is
+    an `error` event, which Anthropic's clients raise as their APIStatusError."""
+    if not stream:
+        return JSONResponse(answer.whole(await collect(job, request, "tools")))
+
+    async def events() -> AsyncIterator[str]:
+        yield answer.opening()
+        async for event in job_events(job, request):
+            if isinstance(event, Piece):
+                yield answer.piece(event)
+            elif isinstance(event, Finished) and event.result.finish_reason != "cancelled":
+                yield answer.last(event)
+            else:
+                error = (
+                    answers.failure(event, "tools")
+                    if isinstance(event, JobFailed)
+                    else APIError(503, "the generation was cancelled (server shutting down)", type="server_error")
+                )
+                metrics.observe_error(error.status, error.type)
+                yield anthropic_answers.event("error", anthropic_answers.error(error.status, error.message)[1])
+
+    return sse_response(events())
 
 
 async def responses_reply(
