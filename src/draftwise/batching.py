@@ -34,10 +34,9 @@ if TYPE_CHECKING:
 
 # Prompt rows a step's forward carries at most: a joining request's prefill is cut into
 # chunks so running streams are not stalled for a whole prompt (llama.cpp's n_batch role);
-# a Batcher of one slot (nothing else can be decoding) reads a prompt whole.
-# Measured here on the default 1.5B target: 64, 128, 256, 512 rows take 0.59, 1.09, 2.18,
-# 4.37 s, the same ~8.5 ms per row from 128 on, so 128 fills prompts as fast as larger
-# chunks while a running stream waits ~1 s at most for its next step.
+# a Batcher of one slot (nothing else can be decoding) reads a prompt whole. On the default
+# target 128 rows cost as much per row as larger chunks (docs/bench/serve-load), so prompts fill
+# as fast while a running stream waits about a second at most for its next step.
 PREFILL_CHUNK = 128
 _NO_STOP = nullcontext()
 # A slot takes a prompt prefix from another slot only when that saves at least this many rows
