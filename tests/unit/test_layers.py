@@ -205,6 +205,8 @@ def test_the_walk_sees_the_imports_it_judges():
     # a function-level import (`from draftwise.policy.auto import MAX_K` inside a command)
     assert any(t.startswith("draftwise.policy") for n, ts in edges.items() if n.startswith("draftwise.cli") for t in ts)
     assert not edges["draftwise.errors"], "errors.py must stay a leaf"
+    assert "draftwise.constraints" in edges["draftwise.drafters.prediction"]  # only under TYPE_CHECKING
+    assert "draftwise.slots" in edges["draftwise.batching"] and "draftwise.engine" not in edges["draftwise.batching"]
 
 
 # ---------------------------------------------------------------------- the checker itself
