@@ -7,6 +7,9 @@ verifies and commits per request. Requests join and leave between steps; each ke
 slot's cache when it leaves, so a follow-up request with the same prefix reuses it. A
 request whose step fails ends alone: its slot is reset, the others go on.
 
+A Batcher works on a slot pool (slots.py): the slots, their lock, start() and finish(); it is
+given the pool or what holds one (an Engine).
+
 Example:
     batcher = Batcher(engine)   # engine loaded with slots, e.g. load_engine(..., options=LoadOptions(slots=4))
     results = batcher.run([engine.stream(p, sampling=s) for p in prompts])
@@ -23,18 +26,17 @@ from typing import TYPE_CHECKING
 
 from draftwise.backends.base import ForwardInterrupted, common_prefix_length, interruptible
 from draftwise.request import Generation, Request, Result
+from draftwise.slots import HasSlotPool, SlotPool
 from draftwise.step import step
 
 if TYPE_CHECKING:
-    from draftwise.engine import Engine
     from draftwise.request import Slot
 
 # Prompt rows a step's forward carries at most: a joining request's prefill is cut into
 # chunks so running streams are not stalled for a whole prompt (llama.cpp's n_batch role);
-# a Batcher of one slot (nothing else can be decoding) reads a prompt whole.
-# Measured here on the default 1.5B target: 64, 128, 256, 512 rows take 0.59, 1.09, 2.18,
-# 4.37 s, the same ~8.5 ms per row from 128 on, so 128 fills prompts as fast as larger
-# chunks while a running stream waits ~1 s at most for its next step.
+# a Batcher of one slot (nothing else can be decoding) reads a prompt whole. On the default
+# target 128 rows cost as much per row as larger chunks (docs/bench/serve-load), so prompts fill
+# as fast while a running stream waits about a second at most for its next step.
 PREFILL_CHUNK = 128
 _NO_STOP = nullcontext()
 # A slot takes a prompt prefix from another slot only when that saves at least this many rows
@@ -80,19 +82,24 @@ class _Active:
 
 
 class Batcher:
-    """Up to engine.num_slots requests at once; `step()` advances all of them by one forward."""
+    """Up to pool.num_slots requests at once; `step()` advances all of them by one forward."""
 
     def __init__(
-        self, engine: Engine, *, prefill_chunk: int | None = PREFILL_CHUNK, slots: Iterable[int] | None = None
+        self,
+        pool: SlotPool | HasSlotPool,
+        *,
+        prefill_chunk: int | None = PREFILL_CHUNK,
+        slots: Iterable[int] | None = None,
     ) -> None:
-        """slots: the engine slots this Batcher may use (default: all not busy elsewhere);
-        prefill_chunk: prompt rows per step (None: a whole prompt in one forward)."""
+        """pool: the slot pool, or what holds one (an Engine); slots: those of its slots this
+        Batcher may use (default: all not busy elsewhere); prefill_chunk: prompt rows per step
+        (None: a whole prompt in one forward)."""
         if prefill_chunk is not None and prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
-        self.engine = engine
+        self.pool = pool if isinstance(pool, SlotPool) else pool.pool
         self.prefill_chunk = prefill_chunk
-        self._free = set(range(engine.num_slots) if slots is None else slots) - engine.busy_slots
-        self._last_used = [0.0] * engine.num_slots
+        self._free = self.pool.free_among(range(self.pool.num_slots) if slots is None else slots)
+        self._last_used = [0.0] * self.pool.num_slots
         self.active: list[_Active] = []
         self.num_steps = 0
         self.num_interrupted = 0  # forwards stopped part-way: all their requests were cancelled
@@ -100,7 +107,7 @@ class Batcher:
 
     @property
     def num_slots(self) -> int:
-        return self.engine.num_slots
+        return self.pool.num_slots
 
     @property
     def num_free(self) -> int:
@@ -120,19 +127,20 @@ class Batcher:
         spec = generation.request
         assert spec is not None, "add() takes a Generation from engine.stream()"
         prompt = spec.prompt_ids
-        with self.engine.lock:
-            shared = {i: common_prefix_length(self.engine.slot(i).target.cached_ids, prompt[:-1]) for i in self._free}
+        pool = self.pool
+        with pool.lock:
+            shared = {i: common_prefix_length(pool.slot(i).target.cached_ids, prompt[:-1]) for i in self._free}
             index = max(self._free, key=lambda i: (shared[i], -self._last_used[i]))
-            slot, keep = self.engine.slot(index), shared[index]
+            slot, keep = pool.slot(index), shared[index]
             if spec.sampling.prompt_logprobs is not None:
                 keep = 0  # every prompt row is read again for its logits
-            req = self.engine.start(spec, slot)
+            req = pool.start(spec, slot)
             slot.target.truncate(keep)
             if share_from is not None and spec.sampling.prompt_logprobs is None:
                 keep = self._share(slot, prompt[:-1], keep, share_from)
+            pool.claim(index)
         req.stats.num_reused_tokens = keep
         self._free.discard(index)
-        self.engine.busy_slots.add(index)
         self.active.append(_Active(generation, req, list(prompt[keep:-1])))
         return index
 
@@ -143,7 +151,7 @@ class Batcher:
         if share is None:
             return keep
         best, length = None, keep + MIN_SHARED - 1
-        for other in self.engine.open_slots():
+        for other in self.pool.open_slots():
             if other.index == slot.index or not share_from(other.index):
                 continue
             shared = common_prefix_length(other.target.cached_ids, prompt)
@@ -155,7 +163,7 @@ class Batcher:
         """End the cancelled requests now (their slots free, their caches kept): called before
         admitting new ones, a request that supersedes another takes the slot holding its cache."""
         events: list[Event] = []
-        with self.engine.lock:
+        with self.pool.lock:
             for a in list(self.active):
                 if a.request.cancelled is not None and a.request.cancelled():
                     a.request.stats.finish_reason = "cancelled"
@@ -167,7 +175,7 @@ class Batcher:
         steps; returns what happened (text, finished requests, failures). A request whose step
         fails ends alone; only a failed shared forward ends every request in it."""
         events: list[Event] = self.reap()
-        with self.engine.lock:
+        with self.pool.lock:
             t_step = time.perf_counter()
             decoding = [a for a in self.active if not a.pending]
             prefills, budget = [], self.prefill_chunk
@@ -196,13 +204,13 @@ class Batcher:
                 and all(len(chunk) == len(a.pending) for a, chunk in prefills)
             )
             try:
-                with interruptible(self.engine.target, lambda: all(c() for c in watched)) if stoppable else _NO_STOP:
+                with interruptible(self.pool.target, lambda: all(c() for c in watched)) if stoppable else _NO_STOP:
                     result = step(
-                        self.engine.target,
+                        self.pool.target,
                         [a.request for a in decoding],
                         [(a.request.slot.target, chunk, a.request) for a, chunk in prefills],
                         trees=trees,
-                        target_time=self.engine.shared_target_time,
+                        target_time=self.pool.shared_target_time,
                     )
             except BaseException as exc:  # outside any one request's phases: ends every request
                 events += self.fail(None, exc)
@@ -247,20 +255,22 @@ class Batcher:
     def abandon(self) -> None:
         """Drop every active request between steps without an answer (the caller stopped
         listening); the caches stay consistent, so the next request reuses them."""
-        for a in list(self.active):
-            self._release(a)
+        with self.pool.lock:
+            for a in list(self.active):
+                self._release(a)
 
     def fail(self, active: list[_Active] | None, error: BaseException) -> list[Event]:
         """End requests (None: every active one) with an error; their caches are forgotten."""
         events: list[Event] = []
-        for a in list(self.active if active is None else active):
-            a.request.slot.target.reset()
-            self._release(a)
-            events.append(Failed(a.generation, error))
+        with self.pool.lock:
+            for a in list(self.active if active is None else active):
+                a.request.slot.target.reset()
+                self._release(a)
+                events.append(Failed(a.generation, error))
         return events
 
     def _finish(self, a: _Active, events: list[Event]) -> None:
-        piece = self.engine.finish(a.request)
+        piece = self.pool.finish(a.request)
         rest = tuple(a.request.take_logprobs(final=True))
         if piece or rest:
             events.append(self._emitted(a, piece, rest))
@@ -279,7 +289,7 @@ class Batcher:
         self.active.remove(a)
         index = a.request.slot.index
         self._free.add(index)
-        self.engine.busy_slots.discard(index)
+        self.pool.release(index)  # under the pool's lock, which guards its busy set
         self._last_used[index] = time.perf_counter()
 
     def run(self, generations: Iterable[Generation]) -> list[Result]:

@@ -1,6 +1,6 @@
 """The engine: a target, its drafters and slots, with generate() and stream().
 
-It validates requests, binds them to slots (drafters, policy, cache) and closes them; the
+It validates requests; its slot pool (slots.py) binds them to slots and closes them; the
 step itself is step.py, and the loop that runs steps is batching.Batcher, for one request
 (generate/stream: a batch of one in slot 0) or many (the server). Invariant between steps:
 the target cache holds every committed token but the last, which is fed together with the
@@ -9,21 +9,18 @@ next draft, so one target forward of k+1 tokens verifies k draft tokens and yiel
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 
-from draftwise.backends.base import Backend, encode_chat, num_slots, utf8
+from draftwise.backends.base import Backend, encode_chat, utf8
 from draftwise.batching import Batcher, BatchFull, Done, Emitted, Failed
 from draftwise.constraints import compile_constraint
 from draftwise.drafters.base import Drafter
 from draftwise.errors import ConfigError, PromptTooLongError, TokenizerMismatchError
-from draftwise.metrics import RequestStats
-from draftwise.policy import Policy, make_policy
-from draftwise.policy.cost import MAX_K, TargetTime
-from draftwise.request import Generation, Request, Result, Slot, StreamDecoder, ValidRequest
-from draftwise.sampling import make_rng
+from draftwise.policy import Policy
+from draftwise.policy.cost import TargetTime
+from draftwise.request import Generation, Request, Result, Slot, ValidRequest
+from draftwise.slots import SlotPool
 from draftwise.types import SamplingParams, SpeculationConfig
 
 # Characters of a prediction tokenised per token of context it may fill (see Engine.stream).
@@ -87,13 +84,8 @@ class Engine:
         self.speculation = speculation or SpeculationConfig()
         # Drafters the loader left out, and why (a draft model that cannot pay on this machine).
         self.skipped_drafters: dict[str, str] = dict(skipped_drafters or {})
-        self._policies: dict[tuple[int, str, tuple[str, ...]], Policy] = {}
-        self._policy_override = policy
-        self._slots: list[Slot] = []
-        self._target_time: TargetTime | None = None  # made with the first auto policy
-        self.busy_slots: set[int] = set()  # slots a Batcher is running requests in
-        # Guards the caches; reentrant, since a stream() holds it across its Batcher's steps.
-        self.lock = threading.RLock()
+        # The slots, their policies and cost model, start() and finish(): shared with every Batcher.
+        self.pool = SlotPool(target, self.drafters, policy=policy, skipped_drafters=self.skipped_drafters)
 
     @property
     def tokenizer(self):
@@ -175,133 +167,49 @@ class Engine:
         )
         return Generation(request, self._run)
 
-    # ------------------------------------------------------------------ slots
+    # ------------------------------------------------------------------ slots (the pool's)
+    @property
+    def lock(self):
+        """Guards the caches and the busy slots (the pool's lock)."""
+        return self.pool.lock
+
+    @property
+    def busy_slots(self) -> set[int]:
+        """The slots a Batcher is running requests in (read it under `lock`)."""
+        return self.pool.busy
+
     @property
     def num_slots(self) -> int:
-        return num_slots(self.target)
+        return self.pool.num_slots
 
     def open_slots(self) -> list[Slot]:
-        """The slots created so far (slot(i) creates them on first use)."""
-        return list(self._slots)
+        return self.pool.open_slots()
 
     def slot(self, index: int) -> Slot:
-        """Slot `index`: a target sequence with drafters of its own (slot 0: the engine's)."""
-        while len(self._slots) <= index:
-            i = len(self._slots)
-            if i >= self.num_slots:
-                raise ConfigError(f"this engine has {self.num_slots} slot(s); load the target with more")
-            if i == 0:
-                self._slots.append(Slot(0, self.target, list(self.drafters)))
-                continue
-            drafters = []
-            for d in self.drafters:
-                for_slot = getattr(d, "for_slot", None)
-                if for_slot is None:
-                    raise ConfigError(f"drafter {d.name!r} cannot serve parallel slots")
-                drafters.append(for_slot(i))
-            self._slots.append(Slot(i, self.target.sequence(i), drafters))
-        return self._slots[index]
+        return self.pool.slot(index)
 
     def target_time(self) -> TargetTime:
-        """The target's cost model shared by every auto policy of this engine (calibrated once)."""
-        if self._target_time is None:
-            self._target_time = TargetTime(self.target, max_n=MAX_K + 1)
-        return self._target_time
+        return self.pool.target_time()
 
     @property
     def shared_target_time(self) -> TargetTime | None:
-        """The cost model if an auto policy made it (a batched forward's time is told to it)."""
-        return self._target_time
-
-    def _policy_for(self, slot: Slot, name: str, drafters: Sequence[str]) -> Policy:
-        """The policy for one slot, policy name and drafter set; it persists across requests, so
-        learned estimates carry over. Requests naming another subset of drafters get their own
-        state, so (e.g. in the bench) what one configuration learned never flatters another's."""
-        if self._policy_override is not None:
-            if slot.index:  # its per-request state would mix requests decoding side by side
-                raise ConfigError("an engine given one policy object serves one slot; let it make its policies")
-            return self._policy_override
-        key = (slot.index, name, tuple(sorted(drafters)))
-        if key not in self._policies:
-            kwargs = {"target": self.target, "time": self.target_time()} if name == "auto" else {}
-            self._policies[key] = make_policy(name, **kwargs)
-        return self._policies[key]
+        return self.pool.shared_target_time
 
     def policy(self, name: str, drafters: Sequence[str] = ()) -> Policy:
         """Slot 0's policy for a policy name and drafter set (the one single requests use)."""
-        return self._policy_for(self.slot(0), name, drafters)
+        return self.pool.policy_for(self.slot(0), name, drafters)
 
     def start(self, request: ValidRequest, slot: Slot) -> Request:
-        """Bind a validated request to a slot: its drafters, policy and cache (not yet filled).
-        Whether it is greedy, and may verify token trees, is decided here, once."""
-        speculation, sampling = request.speculation, request.sampling
-        names = request.drafters
-        drafters = [d for d in slot.drafters if names is None or d.name in names] if speculation.enabled else []
-        policy = self._policy_for(slot, speculation.policy, [d.name for d in drafters])
-        greedy = sampling.greedy
-        req = Request(
-            sampling=sampling,
-            context=list(request.prompt_ids),
-            rng=make_rng(sampling.seed),
-            policy=policy,
-            stats=RequestStats(num_prompt_tokens=len(request.prompt_ids)),
-            slot=slot,
-            decoder=StreamDecoder(self.tokenizer),
-            greedy=greedy,
-            grammar=request.grammar,
-            trees=(
-                greedy
-                and request.grammar is None
-                and speculation.max_branches > 1
-                and hasattr(slot.target, "extend_tree")
-            ),
-            fast_forward=speculation.enabled,
-            drafters=drafters,
-            prompt_ids=list(request.prompt_ids),
-            stop_hold=max((len(s) for s in sampling.stop), default=1) - 1,
-            # A constrained answer ends when its grammar does, whatever ignore_eos says.
-            eos_ids=self.tokenizer.eos_token_ids if not sampling.ignore_eos or request.grammar else frozenset(),
-            cancelled=request.cancelled,
-            t_decode=time.perf_counter(),
-        )
-        policy.begin(drafters, speculation)
-        req.t_decode = time.perf_counter()  # the policy's set-up (a first calibration) is not decoding
-        for drafter in drafters:
-            drafter.begin(sampling, speculation)
-            if hasattr(drafter, "num_prompt_tokens"):  # a draft model applying penalties counts output only
-                drafter.num_prompt_tokens = len(request.prompt_ids)
-        return req
+        return self.pool.start(request, slot)
 
     def finish(self, req: Request) -> str:
-        """Close a request: flush the last bytes, cut at a stop string; returns the rest of the
-        text and sets req.result."""
-        stats = req.stats
-        if not stats.finish_reason:
-            stats.finish_reason = "cancelled"
-        text = req.flush()
-        stats.decode_ms = 1000 * (time.perf_counter() - req.t_decode)
-        stats.close_time_account()
-        stats.num_generated = len(req.generated)
-        stats.policy = req.policy.snapshot()
-        stats.num_draft_reused_tokens = sum(getattr(d, "num_reused_tokens", 0) for d in req.drafters)
-        stats.skipped_drafters = dict(self.skipped_drafters)
-        if req.grammar is not None:
-            stats.num_masks, stats.mask_ms = req.grammar.num_masks, req.grammar.mask_ms
-        req.result = Result(
-            text=text,
-            token_ids=req.generated,
-            stats=stats,
-            prompt_ids=req.prompt_ids,
-            logprobs=None if req.sampling.logprobs is None else req.logprobs[: req.num_text_tokens()],
-            prompt_logprobs=None if req.sampling.prompt_logprobs is None else req.prompt_logprobs,
-        )
-        return text[req.emitted :]
+        return self.pool.finish(req)
 
     # ------------------------------------------------------------------ one request
     def _run(self, gen: Generation) -> Iterator[str]:
         """A request alone: the same loop as a batch (a Batcher of slot 0), its text streamed."""
         with self.lock:
-            batcher = Batcher(self, slots=[0], prefill_chunk=None)
+            batcher = Batcher(self.pool, slots=[0], prefill_chunk=None)
             try:
                 batcher.add(gen)
             except BatchFull:

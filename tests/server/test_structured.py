@@ -167,10 +167,21 @@ def test_prediction_through_the_openai_client(start_server):
             details.accepted_prediction_tokens + details.rejected_prediction_tokens
             == spec["drafted_by_drafter"]["prediction"]
         )
+    # A chat prediction the answer shares nothing with: it is drafted once, whole, at the answer's
+    # start and rejected at its first token; no output n-gram re-anchors it, so nothing more is
+    # drafted from it: exactly its 3 tokens rejected, none accepted.
+    chat = {"model": MODEL, "messages": MESSAGES, "max_tokens": 20, "temperature": 0}
+    answer = c.chat.completions.create(**chat, extra_body={"speculation": {"enabled": False}}).choices[0].message
+    predicted = "".join(ch for ch in "abcdefghijklmnopqrstuvwxyz" if ch not in answer.content)[:3]
+    assert len(predicted) == 3, answer.content
     chat_resp = c.chat.completions.create(
-        model=MODEL, messages=MESSAGES, max_tokens=20, temperature=0, prediction={"type": "content", "content": "abc"}
+        **chat,
+        prediction={"type": "content", "content": predicted},
+        extra_body={"speculation": {"drafters": ["prediction"]}},
     )
-    assert chat_resp.usage.completion_tokens_details.rejected_prediction_tokens >= 0
+    assert chat_resp.choices[0].message.content == answer.content
+    details = chat_resp.usage.completion_tokens_details
+    assert (details.accepted_prediction_tokens, details.rejected_prediction_tokens) == (0, len(predicted))
 
 
 @pytest.mark.parametrize(

@@ -251,3 +251,39 @@ def test_batch_policy_drafts_less_as_the_batch_grows():
     assert sum(p.k for p in crowd) / len(crowd) < alone.k
     single = policies(1)[0].plan(PlanState(context=context, max_k=32))
     assert single.k == alone.k  # one request: today's rule
+
+
+class _GuardedSet(set):
+    """A busy set that records each change made without its lock held."""
+
+    def __init__(self, lock):
+        super().__init__()
+        self.lock, self.unguarded = lock, []
+
+    def add(self, index):
+        if not self.lock._is_owned():
+            self.unguarded.append(("add", index))
+        super().add(index)
+
+    def discard(self, index):
+        if not self.lock._is_owned():
+            self.unguarded.append(("discard", index))
+        super().discard(index)
+
+
+def test_busy_slots_change_only_under_the_pool_lock():
+    engine = make_engine(3)
+    engine.pool.busy = guarded = _GuardedSet(engine.lock)
+    batcher = Batcher(engine, prefill_chunk=2)
+    for r in REQUESTS[:3]:
+        batcher.add(stream(engine, *r))
+    assert engine.busy_slots == {0, 1, 2}
+    batcher.step()
+    batcher.fail([batcher.active[0]], RuntimeError("boom"))  # _release through fail
+    batcher.abandon()  # the caller stopped listening: the rest released
+    finished = make_engine(1)
+    finished.pool.busy = guarded_done = _GuardedSet(finished.lock)
+    Batcher(finished).run([stream(finished, *REQUESTS[4])])  # _release through _finish
+    assert engine.busy_slots == set() and finished.busy_slots == set()
+    assert guarded.unguarded == [] and guarded_done.unguarded == []
+    assert engine.pool is batcher.pool  # the Engine and its Batchers share one pool

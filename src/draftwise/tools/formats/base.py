@@ -1,6 +1,7 @@
 """What a tool-call format is (ToolFormat), and the shared kind most formats are: a trigger
 text, then each call as a JSON object {"name": ..., "arguments": {...}} and a closing text
-(JsonCallsFormat: its Lark grammar, built from the tools, and its streaming parser).
+(JsonCallsFormat: its Lark grammar, built from the tools, and its streaming parser), and
+BlockCalls, how that parser finds calls written as JSON blocks (their grammar: json_block.py).
 
 A format module only names its texts (Hermes: "<tool_call>", "\\n", "\\n</tool_call>") and says
 which chat templates are its own; one whose calls are shaped otherwise overrides grammar/parser.
@@ -13,12 +14,8 @@ import re
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from draftwise.tools.spec import Tool, ToolChoice
-
-if TYPE_CHECKING:
-    from draftwise.tools.formats.json_block import BlockCalls
 
 # JSON in calls is written with json.dumps' separators and no other whitespace (constraints.py
 # JSON_OVERRIDES, for the same reason): chat templates render past calls with tojson, which
@@ -296,3 +293,55 @@ class JsonCallsParser:
         if stripped and not self.fmt.trigger.startswith(stripped):
             self._buf = ""  # text after the calls (no grammar allows it) is not part of the message
         return None
+
+
+# ---------------------------------------------------------------------- calls as JSON blocks
+# Whitespace between the block's parts is the model's own (it indents), but bounded: unbounded
+# whitespace in a grammar lets a model write spaces until max_tokens.
+WS = r"[ \t\n]{0,16}"
+FENCE = r"```(?:json)?[ \t]*\n"
+
+
+def pattern(names: Sequence[str]) -> str:
+    """The regex of a call's start, up to its name's closing quote. Example, names ["f"]:
+    matches '```json\\n{\\n  "name": "f"' and '{"name": "f"', not '{"name": "g"'."""
+    alternatives = "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
+    return rf'(?:{FENCE}{WS})?\{{{WS}"name"{WS}:{WS}"(?:{alternatives})"'
+
+
+class BlockCalls:
+    """What a parser needs to read block calls of these tools: find() their starts, the fence a
+    start opens with, and could_start(), whether a text is a prefix of a start (the pattern cut
+    anywhere). Example, names ["f"]: "```js", '{ "na' and '{"name": "' could; '{"x' and "```py" not."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.regex = re.compile(pattern(names))
+        self.fence = re.compile(FENCE + WS)
+        ws = (WS, None)
+        call = [_literal("{"), ws, _literal('"name"'), ws, _literal(":"), ws, _literal('"'), _names(names)]
+        fences = [[_literal(f), (r"[ \t]*", None), _literal("\n"), ws] for f in ("```json", "```")]
+        forms = [_chain(f + call) for f in fences] + [_chain(call)]
+        self._prefix = re.compile("|".join(forms))
+
+    def could_start(self, text: str) -> bool:
+        return self._prefix.fullmatch(text) is not None
+
+
+def _literal(text: str) -> tuple[str, str]:
+    """(the regex of text, the regex of its proper non-empty prefixes)."""
+    return re.escape(text), "|".join(re.escape(text[:i]) for i in range(1, len(text))) or None
+
+
+def _names(names: Sequence[str]) -> tuple[str, str | None]:
+    prefixes = sorted({n[:i] for n in names for i in range(1, len(n))})
+    return "|".join(re.escape(n) for n in names), "|".join(re.escape(p) for p in prefixes) or None
+
+
+def _chain(atoms: list[tuple[str, str | None]]) -> str:
+    """Regex of the prefixes of atoms in a row: each atom whole then (maybe) more, or cut inside."""
+    out = ""
+    for whole, cut in reversed(atoms):
+        whole_then = f"(?:{whole})(?:{out})?" if out else f"(?:{whole})"
+        out = f"{whole_then}|(?:{cut})" if cut else whole_then
+        out = f"(?:{out})"
+    return out

@@ -19,17 +19,15 @@ parser find calls and tell which text could still become one (held back until kn
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 
-from draftwise.tools.formats.base import lark_literal, schema_for
+from draftwise.tools.formats.base import FENCE, WS, BlockCalls, lark_literal, pattern, schema_for
 from draftwise.tools.spec import Tool, ToolChoice
 from draftwise.types import CALL_ANY, CALL_HOLE
 
-# Whitespace between the block's parts is the model's own (it indents), but bounded: unbounded
-# whitespace in a grammar lets a model write spaces until max_tokens.
-WS = r"[ \t\n]{0,16}"
-FENCE = r"```(?:json)?[ \t]*\n"
+# The start of a call and its reader live in base.py (the parser there reads block calls).
+__all__ = ["FENCE", "WS", "BlockCalls", "calls", "grammar", "pattern"]
+
 # NOTE: the separators without their space: ", " would refuse the model's `",\n` tokens and make it
 # write "\n  , " (seen on the default target with the bench's edit_file prompt).
 WS_OPTIONS = {
@@ -38,13 +36,6 @@ WS_OPTIONS = {
     "item_separator": ",",
     "key_separator": ":",
 }
-
-
-def pattern(names: Sequence[str]) -> str:
-    """The regex of a call's start, up to its name's closing quote. Example, names ["f"]:
-    matches '```json\\n{\\n  "name": "f"' and '{"name": "f"', not '{"name": "g"'."""
-    alternatives = "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
-    return rf'(?:{FENCE}{WS})?\{{{WS}"name"{WS}:{WS}"(?:{alternatives})"'
 
 
 def grammar(tools: Sequence[Tool], choice: ToolChoice, parallel: bool) -> str:
@@ -99,41 +90,3 @@ def _string(spec) -> bool:
         return False
     values = spec.get("enum")
     return spec.get("type") == "string" or (bool(values) and all(isinstance(v, str) for v in values))
-
-
-class BlockCalls:
-    """What a parser needs to read block calls of these tools: find() their starts, the fence a
-    start opens with, and could_start(), whether a text is a prefix of a start (the pattern cut
-    anywhere). Example, names ["f"]: "```js", '{ "na' and '{"name": "' could; '{"x' and "```py" not."""
-
-    def __init__(self, names: Sequence[str]) -> None:
-        self.regex = re.compile(pattern(names))
-        self.fence = re.compile(FENCE + WS)
-        ws = (WS, None)
-        call = [_literal("{"), ws, _literal('"name"'), ws, _literal(":"), ws, _literal('"'), _names(names)]
-        fences = [[_literal(f), (r"[ \t]*", None), _literal("\n"), ws] for f in ("```json", "```")]
-        forms = [_chain(f + call) for f in fences] + [_chain(call)]
-        self._prefix = re.compile("|".join(forms))
-
-    def could_start(self, text: str) -> bool:
-        return self._prefix.fullmatch(text) is not None
-
-
-def _literal(text: str) -> tuple[str, str]:
-    """(the regex of text, the regex of its proper non-empty prefixes)."""
-    return re.escape(text), "|".join(re.escape(text[:i]) for i in range(1, len(text))) or None
-
-
-def _names(names: Sequence[str]) -> tuple[str, str | None]:
-    prefixes = sorted({n[:i] for n in names for i in range(1, len(n))})
-    return "|".join(re.escape(n) for n in names), "|".join(re.escape(p) for p in prefixes) or None
-
-
-def _chain(atoms: list[tuple[str, str | None]]) -> str:
-    """Regex of the prefixes of atoms in a row: each atom whole then (maybe) more, or cut inside."""
-    out = ""
-    for whole, cut in reversed(atoms):
-        whole_then = f"(?:{whole})(?:{out})?" if out else f"(?:{whole})"
-        out = f"{whole_then}|(?:{cut})" if cut else whole_then
-        out = f"(?:{out})"
-    return out
