@@ -202,14 +202,17 @@ def force(req: Request) -> Ready | list[int] | None:
     end it, or None when nothing fits."""
     target, grammar = req.slot.target, req.grammar
     remaining = req.sampling.max_tokens - len(req.generated)
+    scored = req.sampling.logprobs is not None
     forced = []
     if grammar is not None and req.fast_forward:
-        forced = grammar.forced(min(remaining, target.n_ctx - len(req.context)))
+        # Scored, the request's last token is decided by a row (probability 1), which its logprob
+        # needs: the grammar forces (and consumes) at most one token fewer than max_tokens allows.
+        forced = grammar.forced(min(remaining - scored, target.n_ctx - len(req.context)))
     ends = forced and (forced[-1] in grammar.eos_token_ids or len(forced) >= remaining)
-    if ends and req.sampling.logprobs is not None:
-        forced = forced[:-1]  # the last one is decided by a row (probability 1), which its logprob needs
+    if ends and scored:
+        forced = forced[:-1]  # a forced EOS, which forced() leaves unconsumed: a row decides it
     req.stats.num_forced_tokens += len(forced)
-    if ends and req.sampling.logprobs is None:
+    if ends and not scored:
         return forced
     context = req.context + forced if forced else req.context
     max_k = min(target.n_ctx - len(context), remaining - len(forced) - 1)  # never past either
