@@ -10,6 +10,7 @@ is the exception) while the others go on with their caches and answers untouched
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
@@ -34,6 +35,8 @@ Outcome = list[int] | None | Exception
 # A prompt chunk in the forward: (sequence, ids) or (sequence, ids, request asking for prompt logprobs).
 Prefill = tuple[Backend, Sequence[int]] | tuple[Backend, Sequence[int], Request | None]
 T, U = TypeVar("T"), TypeVar("U")
+log = logging.getLogger(__name__)
+_joint_plan_failures: set[type] = set()  # exception types already warned about (once each)
 
 
 @dataclass(frozen=True)
@@ -236,7 +239,10 @@ def plan(items: dict[int, tuple[Request, Ready]], extra_rows: int, out: list[Out
         try:
             joint = plan_batch([items[i][0].policy for i in auto], [states[i] for i in auto], extra_rows)
             plans = dict(zip(auto, joint))
-        except Exception:
+        except Exception as exc:  # a drafter proposing while the policies plan: plan each alone
+            if type(exc) not in _joint_plan_failures:
+                _joint_plan_failures.add(type(exc))
+                log.warning("joint plan failed (%r); requests plan alone", exc, exc_info=exc)
             plans = {}
     alone = {i: states[i] for i in items if i not in plans}
     plans.update(_each(out, alone, lambda i, state: items[i][0].policy.plan(state)))

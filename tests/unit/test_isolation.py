@@ -205,6 +205,20 @@ def test_a_joint_plan_that_fails_falls_back_to_planning_alone(monkeypatch):
     assert isinstance(events[-1], Done) and victim.result.token_ids == single_answers()[1]
 
 
+def test_a_joint_plan_that_fails_is_logged_once(monkeypatch, caplog):
+    import draftwise.step as step_module
+
+    def broken(*args, **kwargs):
+        raise Boom("joint planning failed")
+
+    monkeypatch.setattr(step_module, "plan_batch", broken)
+    monkeypatch.setattr(step_module, "_joint_plan_failures", set())
+    with caplog.at_level("WARNING", logger="draftwise.step"):
+        run_beside(lambda engine: bystanders(engine)[1])
+    warned = [r for r in caplog.records if r.name == "draftwise.step"]
+    assert len(warned) == 1 and "joint planning failed" in warned[0].getMessage()
+
+
 @pytest.mark.parametrize(
     "constraint", [Constraint.regex("[^\\x00-\\U0010FFFF]"), Constraint.grammar("start: /[^\\x00-\\U0010FFFF]/")]
 )
