@@ -253,7 +253,7 @@ class Engine:
                 greedy
                 and request.grammar is None
                 and speculation.max_branches > 1
-                and hasattr(slot.target, "extend_tree")
+                and slot.target.capabilities.max_branches > 1
             ),
             fast_forward=speculation.enabled,
             drafters=drafters,

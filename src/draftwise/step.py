@@ -257,7 +257,7 @@ def draft(req: Request, ready: Ready, plan: Plan, trees: bool) -> Draft | TreeDr
     if proposal is None:
         use = plan.drafter is not None and plan.k > 0
         proposal = plan.drafter.propose(ready.context, plan.k, req.grammar) if use else Draft()
-    proposal = _fit(proposal, ready.max_k, getattr(req.slot.target, "n_seq_max", 16) if trees else 1)
+    proposal = _fit(proposal, ready.max_k, req.slot.target.capabilities.max_branches if trees else 1)
     if req.grammar is not None and len(proposal):
         proposal = proposal.truncated(req.grammar.valid_prefix(proposal.token_ids))
     return proposal

@@ -34,6 +34,8 @@ class Capabilities:
     exact: bool = False  # batched logits equal one-at-a-time logits bit for bit
     device: str = "cpu"
     dtype: str = "float32"
+    # Token-tree branches one forward verifies (extend_tree); 1: chains only.
+    max_branches: int = 1
 
 
 @runtime_checkable

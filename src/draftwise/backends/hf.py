@@ -294,7 +294,7 @@ class HFBackend:
         dtype = str(model.dtype).removeprefix("torch.")
         # Measured: on CPU, float32/float64 batched logits equal one-at-a-time ones; bf16 drifts.
         exact = self._device.type == "cpu" and dtype in ("float32", "float64")
-        self.capabilities = Capabilities(exact=exact, device=str(self._device), dtype=dtype)
+        self.capabilities = Capabilities(exact=exact, device=str(self._device), dtype=dtype, max_branches=1)
         self.n_threads = torch.get_num_threads() if self._device.type == "cpu" else 0
         self.num_forwards = 0
         self.num_batches = 0  # extend_batch forwards over several sequences
