@@ -11,6 +11,7 @@ from draftwise.backends.toy import ToyBackend, ToyModel
 from draftwise.batching import Batcher, Done, Failed
 from draftwise.constraints import Constraint, ConstraintError, Grammar, compile_constraint
 from draftwise.drafters import ModelDrafter, NgramDrafter
+from draftwise.drafters.base import BaseDrafter
 from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.engine import Engine
 from draftwise.types import Draft, SamplingParams, SpeculationConfig
@@ -27,7 +28,7 @@ class Boom(RuntimeError):
     pass
 
 
-class RaisingDrafter:
+class RaisingDrafter(BaseDrafter):
     """Proposes normally for `after` proposals, then raises (a drafter with a bug)."""
 
     free = True
@@ -38,7 +39,7 @@ class RaisingDrafter:
     def for_slot(self, slot: int) -> "RaisingDrafter":
         return RaisingDrafter(self.after)
 
-    def begin(self, sampling, speculation) -> None:
+    def begin(self, sampling, speculation, prompt=(), tokenizer=None) -> None:
         self.calls = 0
 
     def propose(self, context, max_tokens, grammar=None) -> Draft:
