@@ -37,6 +37,7 @@ def test_a_drafter_without_for_slot_cannot_serve_a_second_slot():
 def test_defaults_keep_no_state_and_reuse_nothing():
     d = Echo()
     assert d.backend is None and d.num_reused_tokens == 0 and d.snapshot() is None
+    assert d.propose_tree([1, 2, 1], 2, 4) is None  # chains only
     d.restore(d.snapshot())
     result = Engine(ToyBackend(TARGET), [d]).generate(
         prompt_ids=[1, 2, 3], sampling=SamplingParams(max_tokens=6, ignore_eos=True)

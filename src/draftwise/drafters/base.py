@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from draftwise.types import ConfigError, Draft, SamplingParams, SpeculationConfig
+from draftwise.types import ConfigError, Draft, SamplingParams, SpeculationConfig, TreeDraft
 
 if TYPE_CHECKING:
     from draftwise.backends.base import Backend, Tokenizer
@@ -51,6 +51,10 @@ class Drafter(Protocol):
         """Feedback: how many tokens of the last proposal the target accepted."""
         ...
 
+    def propose_tree(self, context: Sequence[int], max_tokens: int, max_branches: int) -> TreeDraft | None:
+        """Up to max_branches continuations of context (a token tree); None: chains only."""
+        ...
+
     def for_slot(self, slot: int) -> Drafter:
         """A drafter of the same kind for the target's parallel slot `slot`, with its own state;
         raises ConfigError if it cannot serve parallel slots."""
@@ -67,7 +71,7 @@ class Drafter(Protocol):
 
 class BaseDrafter:
     """Defaults for the optional parts of the Drafter seam: no model, nothing reused, no
-    parallel slots, and no state across requests."""
+    parallel slots, no token trees, and no state across requests."""
 
     backend: Backend | None = None
     num_reused_tokens: int = 0
@@ -83,6 +87,9 @@ class BaseDrafter:
 
     def accept(self, num_accepted: int) -> None:
         pass
+
+    def propose_tree(self, context: Sequence[int], max_tokens: int, max_branches: int) -> TreeDraft | None:
+        return None
 
     def for_slot(self, slot: int) -> Drafter:
         raise ConfigError(f"drafter {self.name!r} cannot serve parallel slots")  # type: ignore[attr-defined]
