@@ -20,7 +20,8 @@ import hashlib
 import inspect
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -516,6 +517,9 @@ class HFBackend:
     def reset(self) -> None:
         self._cache = self._new_cache()
         self._ids.clear()
+
+    def interruptible(self, check: Callable[[], bool]) -> AbstractContextManager[None]:
+        return nullcontext()  # a transformers forward runs to its end
 
     def close(self) -> None:
         for seq in self._slots[1:]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -219,6 +220,9 @@ class ToyBackend:
 
     def reset(self) -> None:
         self._ids.clear()
+
+    def interruptible(self, check: Callable[[], bool]) -> AbstractContextManager[None]:
+        return nullcontext()  # a toy forward is over before any check could stop it
 
     def close(self) -> None:
         self.reset()
