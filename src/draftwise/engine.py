@@ -76,9 +76,7 @@ class Engine:
         self.target = target
         self.drafters = list(drafters)
         for drafter in self.drafters:
-            if hasattr(drafter, "tokenizer") and drafter.tokenizer is None:
-                drafter.tokenizer = target.tokenizer  # a drafter that reads text (calls)
-            draft_backend = getattr(drafter, "backend", None)
+            draft_backend = drafter.backend
             if draft_backend is not None:
                 check_tokenizers(target, draft_backend)
         self.speculation = speculation or SpeculationConfig()

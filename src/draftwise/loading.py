@@ -13,10 +13,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from draftwise import models
+from draftwise import calibrate, models
 from draftwise.backends.base import Backend, num_slots
 from draftwise.backends.hf import DEVICES, DTYPES
-from draftwise.calibrate import CostCurve, load_or_measure
+from draftwise.calibrate import CostCurve
 from draftwise.drafters import ModelDrafter, NgramDrafter
 from draftwise.drafters.base import Drafter
 from draftwise.drafters.calls import CallsDrafter
@@ -172,7 +172,7 @@ def calibrate_models(
                 progress(name, done, total)
 
         t0 = time.perf_counter()
-        curves[name] = load_or_measure(backend, max_n=max_n, progress=tell)
+        curves[name] = calibrate.load_or_measure(backend, max_n=max_n, progress=tell)
         if told:  # measured, not read from the cache
             measured.append(name)
             ms += 1000 * (time.perf_counter() - t0)

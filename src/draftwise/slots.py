@@ -71,12 +71,7 @@ class SlotPool:
             if i == 0:
                 self._slots.append(Slot(0, self.target, list(self.drafters)))
                 continue
-            drafters = []
-            for d in self.drafters:
-                for_slot = getattr(d, "for_slot", None)
-                if for_slot is None:
-                    raise ConfigError(f"drafter {d.name!r} cannot serve parallel slots")
-                drafters.append(for_slot(i))
+            drafters = [d.for_slot(i) for d in self.drafters]
             self._slots.append(Slot(i, self.target.sequence(i), drafters))
         return self._slots[index]
 
@@ -143,7 +138,7 @@ class SlotPool:
                 greedy
                 and request.grammar is None
                 and speculation.max_branches > 1
-                and hasattr(slot.target, "extend_tree")
+                and slot.target.capabilities.max_branches > 1
             ),
             fast_forward=speculation.enabled,
             drafters=drafters,
@@ -157,9 +152,7 @@ class SlotPool:
         policy.begin(drafters, speculation)
         req.t_decode = time.perf_counter()  # the policy's set-up (a first calibration) is not decoding
         for drafter in drafters:
-            drafter.begin(sampling, speculation)
-            if hasattr(drafter, "num_prompt_tokens"):  # a draft model applying penalties counts output only
-                drafter.num_prompt_tokens = len(request.prompt_ids)
+            drafter.begin(sampling, speculation, request.prompt_ids, tokenizer)
         return req
 
     def finish(self, req: Request) -> str:
@@ -173,7 +166,7 @@ class SlotPool:
         stats.close_time_account()
         stats.num_generated = len(req.generated)
         stats.policy = req.policy.snapshot()
-        stats.num_draft_reused_tokens = sum(getattr(d, "num_reused_tokens", 0) for d in req.drafters)
+        stats.num_draft_reused_tokens = sum(d.num_reused_tokens for d in req.drafters)
         stats.skipped_drafters = dict(self.skipped_drafters)
         if req.grammar is not None:
             stats.num_masks, stats.mask_ms = req.grammar.num_masks, req.grammar.mask_ms

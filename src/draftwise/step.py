@@ -10,6 +10,7 @@ is the exception) while the others go on with their caches and answers untouched
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
@@ -34,6 +35,8 @@ Outcome = list[int] | None | Exception
 # A prompt chunk in the forward: (sequence, ids) or (sequence, ids, request asking for prompt logprobs).
 Prefill = tuple[Backend, Sequence[int]] | tuple[Backend, Sequence[int], Request | None]
 T, U = TypeVar("T"), TypeVar("U")
+log = logging.getLogger(__name__)
+_joint_plan_failures: set[type] = set()  # exception types already warned about (once each)
 
 
 @dataclass(frozen=True)
@@ -202,14 +205,17 @@ def force(req: Request) -> Ready | list[int] | None:
     end it, or None when nothing fits."""
     target, grammar = req.slot.target, req.grammar
     remaining = req.sampling.max_tokens - len(req.generated)
+    scored = req.sampling.logprobs is not None
     forced = []
     if grammar is not None and req.fast_forward:
-        forced = grammar.forced(min(remaining, target.n_ctx - len(req.context)))
+        # Scored, the request's last token is decided by a row (probability 1), which its logprob
+        # needs: the grammar forces (and consumes) at most one token fewer than max_tokens allows.
+        forced = grammar.forced(min(remaining - scored, target.n_ctx - len(req.context)))
     ends = forced and (forced[-1] in grammar.eos_token_ids or len(forced) >= remaining)
-    if ends and req.sampling.logprobs is not None:
-        forced = forced[:-1]  # the last one is decided by a row (probability 1), which its logprob needs
+    if ends and scored:
+        forced = forced[:-1]  # a forced EOS, which forced() leaves unconsumed: a row decides it
     req.stats.num_forced_tokens += len(forced)
-    if ends and req.sampling.logprobs is None:
+    if ends and not scored:
         return forced
     context = req.context + forced if forced else req.context
     max_k = min(target.n_ctx - len(context), remaining - len(forced) - 1)  # never past either
@@ -233,7 +239,10 @@ def plan(items: dict[int, tuple[Request, Ready]], extra_rows: int, out: list[Out
         try:
             joint = plan_batch([items[i][0].policy for i in auto], [states[i] for i in auto], extra_rows)
             plans = dict(zip(auto, joint))
-        except Exception:
+        except Exception as exc:  # a drafter proposing while the policies plan: plan each alone
+            if type(exc) not in _joint_plan_failures:
+                _joint_plan_failures.add(type(exc))
+                log.warning("joint plan failed (%r); requests plan alone", exc, exc_info=exc)
             plans = {}
     alone = {i: states[i] for i in items if i not in plans}
     plans.update(_each(out, alone, lambda i, state: items[i][0].policy.plan(state)))
@@ -248,7 +257,7 @@ def draft(req: Request, ready: Ready, plan: Plan, trees: bool) -> Draft | TreeDr
     if proposal is None:
         use = plan.drafter is not None and plan.k > 0
         proposal = plan.drafter.propose(ready.context, plan.k, req.grammar) if use else Draft()
-    proposal = _fit(proposal, ready.max_k, getattr(req.slot.target, "n_seq_max", 16) if trees else 1)
+    proposal = _fit(proposal, ready.max_k, req.slot.target.capabilities.max_branches if trees else 1)
     if req.grammar is not None and len(proposal):
         proposal = proposal.truncated(req.grammar.valid_prefix(proposal.token_ids))
     return proposal

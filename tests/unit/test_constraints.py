@@ -15,6 +15,7 @@ from draftwise.backends.toy import ToyBackend, ToyModel
 from draftwise.calibrate import CostCurve
 from draftwise.constraints import Constraint, ConstraintError, compile_constraint
 from draftwise.drafters import ModelDrafter, NgramDrafter
+from draftwise.drafters.base import BaseDrafter
 from draftwise.drafters.grammar import GrammarDrafter
 from draftwise.engine import Engine
 from draftwise.policy.auto import AutoPolicy
@@ -138,11 +139,8 @@ def test_forced_tokens_are_committed_without_a_decision():
 
 
 def test_draft_tokens_outside_the_grammar_are_cut_before_verification():
-    class Wrong:
+    class Wrong(BaseDrafter):
         name, free = "wrong", True
-
-        def begin(self, sampling, speculation):
-            pass
 
         def propose(self, context, max_tokens, grammar=None):
             from draftwise.types import Draft

@@ -11,6 +11,7 @@ from draftwise.backends.toy import ToyBackend, ToyModel
 from draftwise.batching import Batcher, Done, Failed
 from draftwise.constraints import Constraint, ConstraintError, Grammar, compile_constraint
 from draftwise.drafters import ModelDrafter, NgramDrafter
+from draftwise.drafters.base import BaseDrafter
 from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.engine import Engine
 from draftwise.types import Draft, SamplingParams, SpeculationConfig
@@ -27,7 +28,7 @@ class Boom(RuntimeError):
     pass
 
 
-class RaisingDrafter:
+class RaisingDrafter(BaseDrafter):
     """Proposes normally for `after` proposals, then raises (a drafter with a bug)."""
 
     free = True
@@ -38,7 +39,7 @@ class RaisingDrafter:
     def for_slot(self, slot: int) -> "RaisingDrafter":
         return RaisingDrafter(self.after)
 
-    def begin(self, sampling, speculation) -> None:
+    def begin(self, sampling, speculation, prompt=(), tokenizer=None) -> None:
         self.calls = 0
 
     def propose(self, context, max_tokens, grammar=None) -> Draft:
@@ -203,6 +204,20 @@ def test_a_joint_plan_that_fails_falls_back_to_planning_alone(monkeypatch):
     gens, victim, events, _ = run_beside(lambda engine: bystanders(engine)[1])
     assert [g.result.token_ids for g in gens] == single_answers()
     assert isinstance(events[-1], Done) and victim.result.token_ids == single_answers()[1]
+
+
+def test_a_joint_plan_that_fails_is_logged_once(monkeypatch, caplog):
+    import draftwise.step as step_module
+
+    def broken(*args, **kwargs):
+        raise Boom("joint planning failed")
+
+    monkeypatch.setattr(step_module, "plan_batch", broken)
+    monkeypatch.setattr(step_module, "_joint_plan_failures", set())
+    with caplog.at_level("WARNING", logger="draftwise.step"):
+        run_beside(lambda engine: bystanders(engine)[1])
+    warned = [r for r in caplog.records if r.name == "draftwise.step"]
+    assert len(warned) == 1 and "joint planning failed" in warned[0].getMessage()
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ import pytest
 from draftwise.backends.toy import ToyBackend, ToyModel
 from draftwise.calibrate import STALE_RATIO, CostCurve, cache_file, load_or_measure
 from draftwise.drafters import ModelDrafter, NgramDrafter
+from draftwise.drafters.base import BaseDrafter
 from draftwise.policy import HeuristicPolicy, PlanState
 from draftwise.policy.auto import AutoPolicy
 from draftwise.policy.estimates import COPY_PRIORS, AcceptanceEstimate, CopyEstimate, copy_bucket
@@ -177,7 +178,7 @@ def test_marginal_gain_is_not_taken():
 
 
 def test_costly_lookups_back_off_when_not_taken():
-    class SlowNoMatch:
+    class SlowNoMatch(BaseDrafter):
         name, free = "slow", True
         calls = 0
 
@@ -242,7 +243,7 @@ def test_shadow_scores_wait_for_the_tokens_that_decide_them():
     assert [est.trials[i] for i in judged] == [1.0, 1.0, 1.0] and [est.hits[i] for i in judged] == [1.0, 1.0, 0.0]
 
 
-class Fixed:
+class Fixed(BaseDrafter):
     """A free drafter that always proposes the same tokens with the given match length."""
 
     free = True

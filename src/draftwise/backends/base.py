@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import nullcontext
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -34,6 +34,8 @@ class Capabilities:
     exact: bool = False  # batched logits equal one-at-a-time logits bit for bit
     device: str = "cpu"
     dtype: str = "float32"
+    # Token-tree branches one forward verifies (extend_tree); 1: chains only.
+    max_branches: int = 1
 
 
 @runtime_checkable
@@ -103,6 +105,12 @@ class Backend(Protocol):
     def reset(self) -> None: ...
     def close(self) -> None: ...
 
+    def interruptible(self, check: Callable[[], bool]) -> AbstractContextManager[None]:
+        """A context in which forwards stop part-way once check() is true (raising
+        ForwardInterrupted, the caches as before the forward); a backend that cannot stop a
+        forward part-way returns a context that changes nothing."""
+        ...
+
 
 class Sequences(Protocol):
     """What a multi-sequence backend adds (llama.cpp and toy backends loaded with slots)."""
@@ -137,8 +145,7 @@ def interruptible(backend: Backend, check: Callable[[], bool]):
     """A context in which backend's forwards stop part-way once check() is true (raising
     ForwardInterrupted, the caches as before the forward); where the backend cannot stop a
     forward part-way, nothing changes and forwards run to their end."""
-    enter = getattr(backend, "interruptible", None)
-    return enter(check) if enter is not None else nullcontext()
+    return backend.interruptible(check)
 
 
 def _prefill(seq: Backend, ids: Sequence[int]) -> np.ndarray:

@@ -20,7 +20,8 @@ import hashlib
 import inspect
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -294,7 +295,7 @@ class HFBackend:
         dtype = str(model.dtype).removeprefix("torch.")
         # Measured: on CPU, float32/float64 batched logits equal one-at-a-time ones; bf16 drifts.
         exact = self._device.type == "cpu" and dtype in ("float32", "float64")
-        self.capabilities = Capabilities(exact=exact, device=str(self._device), dtype=dtype)
+        self.capabilities = Capabilities(exact=exact, device=str(self._device), dtype=dtype, max_branches=1)
         self.n_threads = torch.get_num_threads() if self._device.type == "cpu" else 0
         self.num_forwards = 0
         self.num_batches = 0  # extend_batch forwards over several sequences
@@ -516,6 +517,9 @@ class HFBackend:
     def reset(self) -> None:
         self._cache = self._new_cache()
         self._ids.clear()
+
+    def interruptible(self, check: Callable[[], bool]) -> AbstractContextManager[None]:
+        return nullcontext()  # a transformers forward runs to its end
 
     def close(self) -> None:
         for seq in self._slots[1:]:

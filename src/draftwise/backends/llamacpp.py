@@ -280,7 +280,7 @@ class LlamaCppBackend(_SequenceOps):
         self.name = name or path.name
         self.identity = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
         self.tokenizer = LlamaCppTokenizer(self._llm, C)
-        self.capabilities = Capabilities(exact=False, device="cpu", dtype="gguf")
+        self.capabilities = Capabilities(exact=False, device="cpu", dtype="gguf", max_branches=n_seq_max)
         self._slots: list[_SequenceOps] = [self, *(LlamaCppSequence(self, i) for i in range(1, slots))]
         # llama.cpp asks the abort callback between the graph's nodes (649 Python calls for a
         # single-row forward of the default target, within timing noise of 37 ms on a 2-core

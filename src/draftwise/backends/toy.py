@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -123,7 +124,9 @@ class ToyBackend:
         self.name = name
         self.identity = f"toy:{name}:{model!r}" if model is not None else f"toy:{name}:{id(logits_fn)}"
         self.tokenizer = tokenizer or CharTokenizer(vocab_size)
-        self.capabilities = Capabilities(exact=True, dtype="float64")
+        self.capabilities = Capabilities(
+            exact=True, dtype="float64", max_branches=16
+        )  # no limit of its own: 16 bounds a tree
         self.num_forwards = 0  # target forwards, for tests
         self.num_batches = 0  # extend_batch calls (one forward over several sequences)
         self._slots: list[ToyBackend] = [self]
@@ -217,6 +220,9 @@ class ToyBackend:
 
     def reset(self) -> None:
         self._ids.clear()
+
+    def interruptible(self, check: Callable[[], bool]) -> AbstractContextManager[None]:
+        return nullcontext()  # a toy forward is over before any check could stop it
 
     def close(self) -> None:
         self.reset()

@@ -1,17 +1,19 @@
 """The Drafter seam: `propose(context, max_tokens) -> Draft` and `accept(n)` feedback.
 
-`begin(sampling, speculation)` starts a request; drafters keep whatever state they
-need (a KV cache, an index) in step with the committed context they are shown.
+`begin(sampling, speculation, prompt, tokenizer)` starts a request; drafters keep whatever
+state they need (a KV cache, an index) in step with the committed context they are shown.
+BaseDrafter gives the optional parts (parallel slots, a history kept across requests) defaults.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from draftwise.types import Draft, SamplingParams, SpeculationConfig
+from draftwise.types import ConfigError, Draft, SamplingParams, SpeculationConfig, TreeDraft
 
 if TYPE_CHECKING:
+    from draftwise.backends.base import Backend, Tokenizer
     from draftwise.constraints import Grammar
 
 
@@ -20,8 +22,21 @@ class Drafter(Protocol):
     name: str
     #: True when proposing costs (next to) nothing compared with a target forward.
     free: bool
+    #: A draft model's backend (its tokenizer is checked against the target's); None: no model.
+    backend: Backend | None
+    #: Cached draft positions reused from the previous request at this request's first proposal.
+    num_reused_tokens: int
 
-    def begin(self, sampling: SamplingParams, speculation: SpeculationConfig) -> None: ...
+    def begin(
+        self,
+        sampling: SamplingParams,
+        speculation: SpeculationConfig,
+        prompt: Sequence[int] = (),
+        tokenizer: Tokenizer | None = None,
+    ) -> None:
+        """Start a request: its prompt ids (penalties count the output only) and the target's
+        tokenizer (for a drafter that reads text)."""
+        ...
 
     def propose(self, context: Sequence[int], max_tokens: int, grammar: Grammar | None = None) -> Draft:
         """Propose up to max_tokens continuation ids of context; Draft(()) if none.
@@ -35,3 +50,52 @@ class Drafter(Protocol):
     def accept(self, num_accepted: int) -> None:
         """Feedback: how many tokens of the last proposal the target accepted."""
         ...
+
+    def propose_tree(self, context: Sequence[int], max_tokens: int, max_branches: int) -> TreeDraft | None:
+        """Up to max_branches continuations of context (a token tree); None: chains only."""
+        ...
+
+    def for_slot(self, slot: int) -> Drafter:
+        """A drafter of the same kind for the target's parallel slot `slot`, with its own state;
+        raises ConfigError if it cannot serve parallel slots."""
+        ...
+
+    def snapshot(self) -> Any:
+        """The state that outlives a request (a history of past answers), for restore()."""
+        ...
+
+    def restore(self, state: Any) -> None:
+        """Go back to a snapshot(): benchmarks start every method from the same state."""
+        ...
+
+
+class BaseDrafter:
+    """Defaults for the optional parts of the Drafter seam: no model, nothing reused, no
+    parallel slots, no token trees, and no state across requests."""
+
+    backend: Backend | None = None
+    num_reused_tokens: int = 0
+
+    def begin(
+        self,
+        sampling: SamplingParams,
+        speculation: SpeculationConfig,
+        prompt: Sequence[int] = (),
+        tokenizer: Tokenizer | None = None,
+    ) -> None:
+        pass
+
+    def accept(self, num_accepted: int) -> None:
+        pass
+
+    def propose_tree(self, context: Sequence[int], max_tokens: int, max_branches: int) -> TreeDraft | None:
+        return None
+
+    def for_slot(self, slot: int) -> Drafter:
+        raise ConfigError(f"drafter {self.name!r} cannot serve parallel slots")  # type: ignore[attr-defined]
+
+    def snapshot(self) -> Any:
+        return None
+
+    def restore(self, state: Any) -> None:
+        pass

@@ -32,6 +32,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
+from draftwise.backends.base import Tokenizer
+from draftwise.drafters.base import BaseDrafter
 from draftwise.types import CALL_ANY, CALL_HOLE, Draft, SamplingParams, SpeculationConfig
 
 if TYPE_CHECKING:
@@ -130,9 +132,9 @@ def _common_prefix(texts: Sequence[str]) -> str:
     return first
 
 
-class CallsDrafter:
+class CallsDrafter(BaseDrafter):
     """Proposes the tool-call skeleton the request's constraint describes (nothing for a request
-    without one). Needs the target's tokenizer (the Engine gives it its own)."""
+    without one). Needs the target's tokenizer: its own, else the one begin() is given."""
 
     free = True
 
@@ -149,7 +151,15 @@ class CallsDrafter:
     def for_slot(self, slot: int) -> CallsDrafter:
         return CallsDrafter(self.name, self.tokenizer)
 
-    def begin(self, sampling: SamplingParams, speculation: SpeculationConfig) -> None:
+    def begin(
+        self,
+        sampling: SamplingParams,
+        speculation: SpeculationConfig,
+        prompt: Sequence[int] = (),
+        tokenizer: Tokenizer | None = None,
+    ) -> None:
+        if self.tokenizer is None:
+            self.tokenizer = tokenizer
         calls = sampling.constraint.calls if sampling.constraint is not None else ()
         calls = calls if self.tokenizer is not None else ()
         self._templates, self._styles = [_split(t) for t in calls], [_style(t) for t in calls]

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from draftwise.backends.base import Tokenizer
+from draftwise.drafters.base import BaseDrafter
 from draftwise.drafters.continuation import frequency_walk
 from draftwise.types import Draft, SamplingParams, SpeculationConfig
 
@@ -95,7 +97,7 @@ def build_datastore(
     return meta
 
 
-class DatastoreDrafter:
+class DatastoreDrafter(BaseDrafter):
     free = True
 
     def __init__(
@@ -109,7 +111,13 @@ class DatastoreDrafter:
         self.meta = json.loads((path / "meta.json").read_text())
         self.min_match, self.min_confidence, self.name = min_match, min_confidence, name
 
-    def begin(self, sampling: SamplingParams, speculation: SpeculationConfig) -> None:
+    def begin(
+        self,
+        sampling: SamplingParams,
+        speculation: SpeculationConfig,
+        prompt: Sequence[int] = (),
+        tokenizer: Tokenizer | None = None,
+    ) -> None:
         pass
 
     def for_slot(self, slot: int) -> DatastoreDrafter:

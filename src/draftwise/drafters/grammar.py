@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from draftwise.backends.base import Tokenizer
+from draftwise.drafters.base import BaseDrafter
 from draftwise.types import Draft, SamplingParams, SpeculationConfig
 
 if TYPE_CHECKING:
@@ -21,13 +23,19 @@ if TYPE_CHECKING:
 SCORE = 32.0
 
 
-class GrammarDrafter:
+class GrammarDrafter(BaseDrafter):
     free = True
 
     def __init__(self, name: str = "grammar") -> None:
         self.name = name
 
-    def begin(self, sampling: SamplingParams, speculation: SpeculationConfig) -> None:
+    def begin(
+        self,
+        sampling: SamplingParams,
+        speculation: SpeculationConfig,
+        prompt: Sequence[int] = (),
+        tokenizer: Tokenizer | None = None,
+    ) -> None:
         pass
 
     def for_slot(self, slot: int) -> GrammarDrafter:

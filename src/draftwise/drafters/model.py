@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from draftwise.backends.base import Backend, common_prefix_length, num_slots
+from draftwise.backends.base import Backend, Tokenizer, common_prefix_length, num_slots
 from draftwise.constraints import masked
+from draftwise.drafters.base import BaseDrafter
 from draftwise.sampling import History, choose_greedy, distribution, make_rng, sample, softmax
 from draftwise.types import ConfigError, Draft, SamplingParams, SpeculationConfig
 
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 CATCH_UP_BATCH = 16  # up to this many missing tokens go in one forward with logits for the last
 
 
-class ModelDrafter:
+class ModelDrafter(BaseDrafter):
     free = False
 
     def __init__(self, backend: Backend, name: str = "draft") -> None:
@@ -40,7 +41,7 @@ class ModelDrafter:
         #: (0 disables it). The auto policy sets it from measured costs.
         self.min_confidence = 0.0
         self._rng = make_rng(None)
-        #: The request's prompt length (the engine sets it): presence/frequency count the output only.
+        #: The request's prompt length (begin): presence/frequency count the output only.
         self.num_prompt_tokens = 0
         self.last_confidences: list[float] = []
         self.num_reused_tokens = 0
@@ -55,11 +56,18 @@ class ModelDrafter:
             )
         return ModelDrafter(self.backend.sequence(slot), self.name)
 
-    def begin(self, sampling: SamplingParams, speculation: SpeculationConfig) -> None:
+    def begin(
+        self,
+        sampling: SamplingParams,
+        speculation: SpeculationConfig,
+        prompt: Sequence[int] = (),
+        tokenizer: Tokenizer | None = None,
+    ) -> None:
         t = speculation.draft_temperature
         # Same filters as the target: proposing tokens the target filtered out only wastes drafts.
         self.sampling = replace(sampling, temperature=sampling.temperature if t is None else t, constraint=None)
         self._rng = make_rng(None if sampling.seed is None else sampling.seed + 0x5EED)
+        self.num_prompt_tokens = len(prompt)
         #: Cached positions reused from the previous request at this request's first proposal.
         self.num_reused_tokens = 0
         self._first_proposal = True

@@ -11,13 +11,15 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
+from draftwise.backends.base import Tokenizer
+from draftwise.drafters.base import BaseDrafter
 from draftwise.types import Draft, SamplingParams, SpeculationConfig, TreeDraft
 
 MAX_CANDIDATES = 64  # occurrences scored per lookup (newest kept when there are more)
 MAX_BACKWARD = 256  # how far a match is extended backwards when scoring
 
 
-class NgramDrafter:
+class NgramDrafter(BaseDrafter):
     """Prompt lookup decoding over prompt + generated text.
 
     Example: context [1, 2, 3, 9, 1, 2] with min_n=1, max_n=2 -> the suffix (1, 2)
@@ -39,7 +41,13 @@ class NgramDrafter:
         self._tokens = []
         self._index = {n: defaultdict(list) for n in range(self.min_n, self.max_n + 1)}
 
-    def begin(self, sampling: SamplingParams, speculation: SpeculationConfig) -> None:
+    def begin(
+        self,
+        sampling: SamplingParams,
+        speculation: SpeculationConfig,
+        prompt: Sequence[int] = (),
+        tokenizer: Tokenizer | None = None,
+    ) -> None:
         pass  # the index survives requests only through the context check in _sync
 
     def for_slot(self, slot: int) -> NgramDrafter:

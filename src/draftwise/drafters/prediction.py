@@ -14,6 +14,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from draftwise.backends.base import Tokenizer
+from draftwise.drafters.base import BaseDrafter
 from draftwise.types import Draft, SamplingParams, SpeculationConfig
 
 if TYPE_CHECKING:
@@ -28,7 +30,7 @@ START_SCORE = 8
 MAX_CANDIDATES = 4096
 
 
-class PredictionDrafter:
+class PredictionDrafter(BaseDrafter):
     """Example: prediction [5, 6, 7, 8, 9], answer so far [5, 6, 4, 7, 8] (4 inserted): the
     alignment breaks at 4, the anchor (7, 8) rejoins it, so the next proposal is (9,).
     """
@@ -47,7 +49,13 @@ class PredictionDrafter:
     def for_slot(self, slot: int) -> PredictionDrafter:
         return PredictionDrafter(self.name)
 
-    def begin(self, sampling: SamplingParams, speculation: SpeculationConfig) -> None:
+    def begin(
+        self,
+        sampling: SamplingParams,
+        speculation: SpeculationConfig,
+        prompt: Sequence[int] = (),
+        tokenizer: Tokenizer | None = None,
+    ) -> None:
         self.prediction = tuple(speculation.prediction)
         # One index, of the shortest anchors: a longer anchor ends with one of them, so it is
         # checked against the prediction itself (7 indexes cost seconds and GBs on long texts).

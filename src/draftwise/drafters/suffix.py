@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections import defaultdict, deque
 from collections.abc import Sequence
 
+from draftwise.backends.base import Tokenizer
+from draftwise.drafters.base import BaseDrafter
 from draftwise.drafters.continuation import frequency_walk
 from draftwise.types import Draft, SamplingParams, SpeculationConfig
 
@@ -20,7 +22,7 @@ MAX_BACKWARD = 64
 LIVE_BONUS = 8
 
 
-class SuffixDrafter:
+class SuffixDrafter(BaseDrafter):
     """Example: after a request whose text was [1, 2, 3, 4], a new context [9, 2, 3]
     gets the proposal (4,) — the continuation seen after (2, 3) in history.
     """
@@ -93,7 +95,13 @@ class SuffixDrafter:
         return sum(len(d) for d in self._docs)
 
     # ---------------------------------------------------------------- drafting
-    def begin(self, sampling: SamplingParams, speculation: SpeculationConfig) -> None:
+    def begin(
+        self,
+        sampling: SamplingParams,
+        speculation: SpeculationConfig,
+        prompt: Sequence[int] = (),
+        tokenizer: Tokenizer | None = None,
+    ) -> None:
         pass
 
     def for_slot(self, slot: int) -> SuffixDrafter:

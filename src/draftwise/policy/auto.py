@@ -142,7 +142,7 @@ class AutoPolicy:
             raise ValueError("the auto policy needs a target cost curve or a target backend to calibrate")
         _ = self.time.curve  # calibrate now (once per model and machine), not inside a step
         for d in self._drafters:
-            backend = getattr(d, "backend", None)
+            backend = d.backend
             if backend is not None and d.name not in self.draft_costs:
                 if not self.calibrate:
                     raise ValueError(f"the auto policy needs a cost curve for drafter {d.name!r}")
@@ -220,7 +220,7 @@ class AutoPolicy:
             key = drafter.name
             cost = self.draft_costs[drafter.name]
             scale = self._draft_scale.setdefault(drafter.name, Scale()).value
-            backend = getattr(drafter, "backend", None)
+            backend = drafter.backend
             missing = max(1, len(state.context) - (backend.num_cached if backend is not None else 0))
             options.append(
                 _Option(

@@ -29,9 +29,10 @@ class FixedPolicy:
         if self._drafter is None:
             return Plan(None, 0)
         k = min(self._k, state.max_k)
-        if self._branches > 1 and state.greedy and k > 0 and hasattr(self._drafter, "propose_tree"):
-            return Plan(self._drafter, k, self._drafter.propose_tree(state.context, k, self._branches))
-        return Plan(self._drafter, k)
+        tree = None
+        if self._branches > 1 and state.greedy and k > 0:
+            tree = self._drafter.propose_tree(state.context, k, self._branches)
+        return Plan(self._drafter, k, tree)
 
     def observe(self, step: StepStats) -> None:
         pass
