@@ -183,9 +183,9 @@ def test_no_cross_talk_between_sequences():
     while batcher.active:
         batcher.step()
         for a in batcher.active:  # between steps: committed tokens but the last, nothing else
-            cached = a.request.slot.target.cached_ids
-            assert cached == a.request.context[: len(cached)]
-            assert not a.pending and len(cached) == len(a.request.context) - 1 or a.pending
+            cached = a.slot.target.cached_ids
+            assert cached == a.context[: len(cached)]
+            assert not a.pending and len(cached) == len(a.context) - 1 or a.pending
     for g, s in zip(gens, slots):
         cached = engine.slot(s).target.cached_ids
         full = g.request.prompt_ids + g.result.token_ids
