@@ -287,3 +287,13 @@ def test_busy_slots_change_only_under_the_pool_lock():
     assert engine.busy_slots == set() and finished.busy_slots == set()
     assert guarded.unguarded == [] and guarded_done.unguarded == []
     assert engine.pool is batcher.pool  # the Engine and its Batchers share one pool
+
+
+def test_a_slot_another_batcher_claimed_is_not_chosen():
+    engine = make_engine(2)
+    first, second = Batcher(engine), Batcher(engine)  # both made while every slot is free
+    taken = first.add(stream(engine, *REQUESTS[0]))
+    other = second.add(stream(engine, *REQUESTS[1]))
+    assert {taken, other} == {0, 1} and engine.busy_slots == {0, 1}
+    with pytest.raises(BatchFull):
+        second.add(stream(engine, *REQUESTS[2]))
