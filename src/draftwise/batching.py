@@ -21,22 +21,18 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from contextlib import nullcontext
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from draftwise.backends.base import ForwardInterrupted, common_prefix_length, interruptible
-from draftwise.request import Generation, Request, Result
+from draftwise.request import Generation, Result, RunningRequest, Slot
 from draftwise.slots import HasSlotPool, SlotPool
 from draftwise.step import step
 
-if TYPE_CHECKING:
-    from draftwise.request import Slot
-
 # Prompt rows a step's forward carries at most: a joining request's prefill is cut into
 # chunks so running streams are not stalled for a whole prompt (llama.cpp's n_batch role);
-# a Batcher of one slot (nothing else can be decoding) reads a prompt whole. On the default
-# target 128 rows cost as much per row as larger chunks (docs/bench/serve-load), so prompts fill
-# as fast while a running stream waits about a second at most for its next step.
+# a Batcher of one slot (nothing else can be decoding) reads a prompt whole. From 128 rows on,
+# the default target's forward costs the same per row, so prompts fill as fast as in larger
+# chunks while a running stream waits for the shortest such forward at most.
 PREFILL_CHUNK = 128
 _NO_STOP = nullcontext()
 # A slot takes a prompt prefix from another slot only when that saves at least this many rows
@@ -72,15 +68,6 @@ class Failed:
 Event = Emitted | Done | Failed
 
 
-@dataclass
-class _Active:
-    generation: Generation
-    request: Request
-    pending: list[int]  # prompt tokens not yet in the slot's cache (prefill still to run)
-    admitted_at: float = field(default_factory=time.perf_counter)
-    prompt_sent: bool = False  # its prompt logprobs went out (with its first text)
-
-
 class Batcher:
     """Up to pool.num_slots requests at once; `step()` advances all of them by one forward."""
 
@@ -100,7 +87,7 @@ class Batcher:
         self.prefill_chunk = prefill_chunk
         self._free = self.pool.free_among(range(self.pool.num_slots) if slots is None else slots)
         self._last_used = [0.0] * self.pool.num_slots
-        self.active: list[_Active] = []
+        self.active: list[RunningRequest] = []  # in arrival order
         self.num_steps = 0
         self.num_interrupted = 0  # forwards stopped part-way: all their requests were cancelled
         self.last_rows = 0  # target rows in the last step's forward
@@ -122,26 +109,27 @@ class Batcher:
         request, an editor's completions of one prompt) and `share_from(its index)` allows it,
         the chosen slot takes that prefix from it (on llama.cpp a shared KV range, no copy) instead
         of reading it again."""
-        if not self._free:
-            raise BatchFull(f"all {self.num_slots} slots are busy")
         spec = generation.request
-        assert spec is not None, "add() takes a Generation from engine.stream()"
         prompt = spec.prompt_ids
         pool = self.pool
         with pool.lock:
-            shared = {i: common_prefix_length(pool.slot(i).target.cached_ids, prompt[:-1]) for i in self._free}
-            index = max(self._free, key=lambda i: (shared[i], -self._last_used[i]))
+            free = pool.free_among(self._free)  # another Batcher may have claimed one since
+            if not free:
+                raise BatchFull(f"all {self.num_slots} slots are busy")
+            shared = {i: common_prefix_length(pool.slot(i).target.cached_ids, prompt[:-1]) for i in free}
+            index = max(free, key=lambda i: (shared[i], -self._last_used[i]))
             slot, keep = pool.slot(index), shared[index]
             if spec.sampling.prompt_logprobs is not None:
                 keep = 0  # every prompt row is read again for its logits
-            req = pool.start(spec, slot)
+            req = pool.start(generation, slot)
             slot.target.truncate(keep)
             if share_from is not None and spec.sampling.prompt_logprobs is None:
                 keep = self._share(slot, prompt[:-1], keep, share_from)
             pool.claim(index)
         req.stats.num_reused_tokens = keep
+        req.pending = list(prompt[keep:-1])
         self._free.discard(index)
-        self.active.append(_Active(generation, req, list(prompt[keep:-1])))
+        self.active.append(req)
         return index
 
     def _share(self, slot: Slot, prompt: list[int], keep: int, share_from: Callable[[int], bool]) -> int:
@@ -164,10 +152,10 @@ class Batcher:
         admitting new ones, a request that supersedes another takes the slot holding its cache."""
         events: list[Event] = []
         with self.pool.lock:
-            for a in list(self.active):
-                if a.request.cancelled is not None and a.request.cancelled():
-                    a.request.stats.finish_reason = "cancelled"
-                    self._finish(a, events)
+            for req in list(self.active):
+                if req.cancelled is not None and req.cancelled():
+                    req.stats.finish_reason = "cancelled"
+                    self._finish(req, events)
         return events
 
     def step(self) -> list[Event]:
@@ -177,38 +165,38 @@ class Batcher:
         events: list[Event] = self.reap()
         with self.pool.lock:
             t_step = time.perf_counter()
-            decoding = [a for a in self.active if not a.pending]
+            decoding = [req for req in self.active if not req.pending]
             prefills, budget = [], self.prefill_chunk
-            for a in self.active:  # arrival order: the earliest prompt is filled first
-                if a.pending and (budget is None or budget > 0):
-                    chunk = a.pending if budget is None else a.pending[:budget]
-                    if a.request.sampling.prompt_logprobs is not None:
+            for req in self.active:  # arrival order: the earliest prompt is filled first
+                if req.pending and (budget is None or budget > 0):
+                    chunk = req.pending if budget is None else req.pending[:budget]
+                    if req.sampling.prompt_logprobs is not None:
                         chunk = chunk[:PREFILL_CHUNK]  # its rows' logits: [chunk, V] each step
-                    prefills.append((a, chunk))
+                    prefills.append((req, chunk))
                     budget = None if budget is None else budget - len(chunk)
             if not decoding and not prefills:
                 return events
             # A tree (several branches in one pass) is a one-request case, chosen here.
-            trees = len(decoding) == 1 and not prefills and decoding[0].request.trees
+            trees = len(decoding) == 1 and not prefills and decoding[0].trees
             # A forward that reads the last chunks of prompts stops part-way once every request
             # in it is cancelled (an editor's request superseded mid-prompt): the newer one need
             # not wait for a part it does not share. Only last chunks (of a chunked read): what
             # changes between an editor's requests (the typed line, the suffix) is at a FIM
             # prompt's end, and the earlier chunks (extra context, the lines above) are what the
             # newer request reuses, so they are read to their end.
-            watched = [a.request.cancelled for a, _ in prefills]
+            watched = [req.cancelled for req, _ in prefills]
             stoppable = (
                 not decoding
                 and self.prefill_chunk is not None
                 and all(c is not None for c in watched)
-                and all(len(chunk) == len(a.pending) for a, chunk in prefills)
+                and all(len(chunk) == len(req.pending) for req, chunk in prefills)
             )
             try:
                 with interruptible(self.pool.target, lambda: all(c() for c in watched)) if stoppable else _NO_STOP:
                     result = step(
                         self.pool.target,
-                        [a.request for a in decoding],
-                        [(a.request.slot.target, chunk, a.request) for a, chunk in prefills],
+                        decoding,
+                        [(req.slot.target, chunk, req) for req, chunk in prefills],
                         trees=trees,
                         target_time=self.pool.shared_target_time,
                     )
@@ -223,71 +211,71 @@ class Batcher:
             self.num_steps += 1
             self.last_rows = result.rows
             if result.forward_error is not None:
-                events += self.fail([a for a, _ in prefills], result.forward_error)
+                events += self.fail([req for req, _ in prefills], result.forward_error)
             for j, error in result.prefill_errors.items():
                 events += self.fail([prefills[j][0]], error)
-            for j, (a, chunk) in enumerate(prefills if result.forward_error is None else ()):
+            for j, (req, chunk) in enumerate(prefills if result.forward_error is None else ()):
                 if j in result.prefill_errors:
                     continue
-                del a.pending[: len(chunk)]
-                if not a.pending:
+                del req.pending[: len(chunk)]
+                if not req.pending:
                     now = time.perf_counter()
-                    a.request.stats.prefill_ms = 1000 * (now - a.admitted_at)
-                    a.request.t_decode = now
+                    req.stats.prefill_ms = 1000 * (now - req.admitted_at)
+                    req.t_decode = now
             pushed = []  # (active, its text piece, its context when the step began)
-            for a, outcome in zip(decoding, result.outcomes):
-                context = len(a.request.context)
+            for req, outcome in zip(decoding, result.outcomes):
+                context = len(req.context)
                 try:
                     if isinstance(outcome, Exception):
                         raise outcome
-                    pushed.append((a, a.request.push(outcome), context))
+                    pushed.append((req, req.push(outcome), context))
                 except Exception as exc:
-                    events += self.fail([a], exc)
+                    events += self.fail([req], exc)
             step_ms = 1000 * (time.perf_counter() - t_step)
-            for a, piece, context in pushed:
-                a.request.stats.record_time(result.phase_ms, step_ms, result.rows, context)
+            for req, piece, context in pushed:
+                req.stats.record_time(result.phase_ms, step_ms, result.rows, context)
                 if piece:
-                    events.append(self._emitted(a, piece, tuple(a.request.take_logprobs())))
-                if a.request.stats.finish_reason:
-                    self._finish(a, events)
+                    events.append(self._emitted(req, piece, tuple(req.take_logprobs())))
+                if req.stats.finish_reason:
+                    self._finish(req, events)
         return events
 
     def abandon(self) -> None:
         """Drop every active request between steps without an answer (the caller stopped
         listening); the caches stay consistent, so the next request reuses them."""
         with self.pool.lock:
-            for a in list(self.active):
-                self._release(a)
+            for req in list(self.active):
+                self._release(req)
 
-    def fail(self, active: list[_Active] | None, error: BaseException) -> list[Event]:
+    def fail(self, active: list[RunningRequest] | None, error: BaseException) -> list[Event]:
         """End requests (None: every active one) with an error; their caches are forgotten."""
         events: list[Event] = []
         with self.pool.lock:
-            for a in list(self.active if active is None else active):
-                a.request.slot.target.reset()
-                self._release(a)
-                events.append(Failed(a.generation, error))
+            for req in list(self.active if active is None else active):
+                req.slot.target.reset()
+                self._release(req)
+                events.append(Failed(req.generation, error))
         return events
 
-    def _finish(self, a: _Active, events: list[Event]) -> None:
-        piece = self.pool.finish(a.request)
-        rest = tuple(a.request.take_logprobs(final=True))
+    def _finish(self, req: RunningRequest, events: list[Event]) -> None:
+        piece, result = self.pool.finish(req)
+        rest = tuple(req.take_logprobs(final=True))
         if piece or rest:
-            events.append(self._emitted(a, piece, rest))
-        a.generation.result = a.request.result
-        self._release(a)
-        events.append(Done(a.generation, a.request.result))
+            events.append(self._emitted(req, piece, rest))
+        req.generation.result = result
+        self._release(req)
+        events.append(Done(req.generation, result))
 
-    def _emitted(self, a: _Active, piece: str, logprobs: tuple) -> Emitted:
+    def _emitted(self, req: RunningRequest, piece: str, logprobs: tuple) -> Emitted:
         """An Emitted event; a request's first carries its prompt's logprobs if it asked for them."""
         prompt = None
-        if a.request.sampling.prompt_logprobs is not None and not a.prompt_sent:
-            prompt, a.prompt_sent = tuple(a.request.prompt_logprobs), True
-        return Emitted(a.generation, piece, logprobs, prompt)
+        if req.sampling.prompt_logprobs is not None and not req.prompt_sent:
+            prompt, req.prompt_sent = tuple(req.prompt_logprobs), True
+        return Emitted(req.generation, piece, logprobs, prompt)
 
-    def _release(self, a: _Active) -> None:
-        self.active.remove(a)
-        index = a.request.slot.index
+    def _release(self, req: RunningRequest) -> None:
+        self.active.remove(req)
+        index = req.slot.index
         self._free.add(index)
         self.pool.release(index)  # under the pool's lock, which guards its busy set
         self._last_used[index] = time.perf_counter()

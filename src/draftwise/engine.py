@@ -13,13 +13,13 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 
 from draftwise.backends.base import Backend, encode_chat, utf8
-from draftwise.batching import Batcher, BatchFull, Done, Emitted, Failed
+from draftwise.batching import Batcher, BatchFull, Emitted, Failed
 from draftwise.constraints import compile_constraint
 from draftwise.drafters.base import Drafter
 from draftwise.errors import ConfigError, PromptTooLongError, TokenizerMismatchError
 from draftwise.policy import Policy
 from draftwise.policy.cost import TargetTime
-from draftwise.request import Generation, Request, Result, Slot, ValidRequest
+from draftwise.request import Generation, Result, Slot, ValidRequest
 from draftwise.slots import SlotPool
 from draftwise.types import SamplingParams, SpeculationConfig
 
@@ -172,16 +172,14 @@ class Engine:
         return self.pool.lock
 
     @property
-    def busy_slots(self) -> set[int]:
-        """The slots a Batcher is running requests in (read it under `lock`)."""
-        return self.pool.busy
+    def busy_slots(self) -> frozenset[int]:
+        """The slots a Batcher is running requests in, now."""
+        with self.pool.lock:
+            return frozenset(self.pool.busy)
 
     @property
     def num_slots(self) -> int:
         return self.pool.num_slots
-
-    def open_slots(self) -> list[Slot]:
-        return self.pool.open_slots()
 
     def slot(self, index: int) -> Slot:
         return self.pool.slot(index)
@@ -189,19 +187,9 @@ class Engine:
     def target_time(self) -> TargetTime:
         return self.pool.target_time()
 
-    @property
-    def shared_target_time(self) -> TargetTime | None:
-        return self.pool.shared_target_time
-
     def policy(self, name: str, drafters: Sequence[str] = ()) -> Policy:
         """Slot 0's policy for a policy name and drafter set (the one single requests use)."""
         return self.pool.policy_for(self.slot(0), name, drafters)
-
-    def start(self, request: ValidRequest, slot: Slot) -> Request:
-        return self.pool.start(request, slot)
-
-    def finish(self, req: Request) -> str:
-        return self.pool.finish(req)
 
     # ------------------------------------------------------------------ one request
     def _run(self, gen: Generation) -> Iterator[str]:
@@ -219,8 +207,6 @@ class Engine:
                             yield event.text
                         elif isinstance(event, Failed):
                             raise event.error  # the Batcher reset the slot's cache
-                        elif isinstance(event, Done):
-                            gen.result = event.result
             finally:
                 # The consumer stopped iterating (a client went away): we sit between steps,
                 # so the caches are consistent and the next request can reuse them.

@@ -1,13 +1,14 @@
-"""A request's life in the engine: validated (ValidRequest), bound to a slot (Request), done (Result).
+"""A request's life, one name per stage (docs/design.md section 1).
 
-A Request is the state the step reads and advances between forwards: the committed context,
-the grammar, the rng, the policy and drafters of its slot, and the text streamed so far
-(stop strings and half UTF-8 characters are held back here). Generation is what callers
-iterate; Slot is a target sequence with the drafters that follow it.
+Validated: Engine.stream checks the caller's input against the engine and freezes it as a ValidRequest.
+Handed out: the caller gets a Generation, the iterator of the request's text pieces.
+Running: a Batcher binds it to a free Slot (SlotPool.start) as a RunningRequest, which each step advances.
+Done: SlotPool.finish closes the RunningRequest into a Result, which the Generation holds as `.result`.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -58,10 +59,11 @@ class ValidRequest:
 
 
 class Generation:
-    """An iterator of text pieces; after it is exhausted, `.result` holds the Result.
+    """The caller's handle on one request: an iterator of text pieces; after it is exhausted,
+    `.result` holds the Result.
 
-    `.request` is the validated request: a Batcher may run it in a slot instead (then the
-    Generation is not iterated, and the Batcher sets `.result`)."""
+    `.request` is the ValidRequest: a Batcher may run it in a slot instead (then the Generation
+    is not iterated, and the Batcher sets `.result` when the request is done)."""
 
     def __init__(self, request: ValidRequest, pieces: Callable[[Generation], Iterator[str]]) -> None:
         self.request = request
@@ -114,13 +116,15 @@ class StreamDecoder:
 
 
 @dataclass
-class Request:
-    """One request's state between steps: what the step reads and advances.
+class RunningRequest:
+    """A request bound to its slot, between steps: what the step reads and advances, and what
+    the Batcher keeps of it (its prompt still to read, when it was admitted).
 
     greedy and trees are decided once, when the request is bound to its slot: greedy is the
     sampling's; trees (several branches verified in one pass) need greedy decoding, no
     grammar, a target that verifies trees and a speculation that asks for branches."""
 
+    generation: Generation  # the caller's handle: the Batcher's events name it
     sampling: SamplingParams
     context: list[int]  # prompt + committed tokens
     rng: np.random.Generator
@@ -141,7 +145,9 @@ class Request:
     emitted: int = 0  # characters of text streamed so far
     stop_at: int | None = None
     t_decode: float = 0.0
-    result: Result | None = None
+    pending: list[int] = field(default_factory=list)  # prompt tokens not yet in the slot's cache
+    admitted_at: float = field(default_factory=time.perf_counter)
+    prompt_sent: bool = False  # its prompt logprobs went out (with its first text)
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)  # the step's, before push
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token (if asked)
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # prompt tokens 2.. (if asked)

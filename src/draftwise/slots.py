@@ -19,7 +19,7 @@ from draftwise.errors import ConfigError
 from draftwise.metrics import RequestStats
 from draftwise.policy import Policy, make_policy
 from draftwise.policy.cost import MAX_K, TargetTime
-from draftwise.request import Request, Result, Slot, StreamDecoder, ValidRequest
+from draftwise.request import Generation, Result, RunningRequest, Slot, StreamDecoder
 from draftwise.sampling import make_rng
 
 
@@ -115,16 +115,18 @@ class SlotPool:
             self._policies[key] = make_policy(name, **kwargs)
         return self._policies[key]
 
-    def start(self, request: ValidRequest, slot: Slot) -> Request:
-        """Bind a validated request to a slot: its drafters, policy and cache (not yet filled).
-        Whether it is greedy, and may verify token trees, is decided here, once."""
+    def start(self, generation: Generation, slot: Slot) -> RunningRequest:
+        """Bind a generation's validated request to a slot: its drafters, policy and cache (not
+        yet filled). Whether it is greedy, and may verify token trees, is decided here, once."""
+        request = generation.request
         speculation, sampling = request.speculation, request.sampling
         names = request.drafters
         drafters = [d for d in slot.drafters if names is None or d.name in names] if speculation.enabled else []
         policy = self.policy_for(slot, speculation.policy, [d.name for d in drafters])
         greedy = sampling.greedy
         tokenizer = self.target.tokenizer
-        req = Request(
+        req = RunningRequest(
+            generation=generation,
             sampling=sampling,
             context=list(request.prompt_ids),
             rng=make_rng(sampling.seed),
@@ -155,9 +157,9 @@ class SlotPool:
             drafter.begin(sampling, speculation, request.prompt_ids, tokenizer)
         return req
 
-    def finish(self, req: Request) -> str:
-        """Close a request: flush the last bytes, cut at a stop string; returns the rest of the
-        text and sets req.result."""
+    def finish(self, req: RunningRequest) -> tuple[str, Result]:
+        """Close a request: flush the last bytes, cut at a stop string; returns the text not yet
+        streamed and the Result."""
         stats = req.stats
         if not stats.finish_reason:
             stats.finish_reason = "cancelled"
@@ -170,7 +172,7 @@ class SlotPool:
         stats.skipped_drafters = dict(self.skipped_drafters)
         if req.grammar is not None:
             stats.num_masks, stats.mask_ms = req.grammar.num_masks, req.grammar.mask_ms
-        req.result = Result(
+        result = Result(
             text=text,
             token_ids=req.generated,
             stats=stats,
@@ -178,4 +180,4 @@ class SlotPool:
             logprobs=None if req.sampling.logprobs is None else req.logprobs[: req.num_text_tokens()],
             prompt_logprobs=None if req.sampling.prompt_logprobs is None else req.prompt_logprobs,
         )
-        return text[req.emitted :]
+        return text[req.emitted :], result

@@ -24,7 +24,7 @@ from draftwise.backends.base import Backend, extend_batch
 from draftwise.constraints import masked
 from draftwise.policy.auto import AutoPolicy, plan_batch
 from draftwise.policy.base import Plan, PlanState
-from draftwise.request import Request
+from draftwise.request import RunningRequest
 from draftwise.sampling import History, LazyTargetProbs, TokenLogprob, choose_greedy, logprobs
 from draftwise.types import Draft, StepStats, TreeDraft, Verdict
 from draftwise.verify import greedy_verify, greedy_verify_tree, rejection_sample
@@ -33,7 +33,7 @@ from draftwise.verify import greedy_verify, greedy_verify_tree, rejection_sample
 # None when nothing fits any more (context window or max_tokens), or the error that ended it.
 Outcome = list[int] | None | Exception
 # A prompt chunk in the forward: (sequence, ids) or (sequence, ids, request asking for prompt logprobs).
-Prefill = tuple[Backend, Sequence[int]] | tuple[Backend, Sequence[int], Request | None]
+Prefill = tuple[Backend, Sequence[int]] | tuple[Backend, Sequence[int], RunningRequest | None]
 T, U = TypeVar("T"), TypeVar("U")
 log = logging.getLogger(__name__)
 _joint_plan_failures: set[type] = set()  # exception types already warned about (once each)
@@ -111,7 +111,7 @@ class PhaseClock:
             self.ms[phase] += lap.ms
 
     @contextmanager
-    def masks(self, phase: str, reqs: Sequence[Request]) -> Iterator[None]:
+    def masks(self, phase: str, reqs: Sequence[RunningRequest]) -> Iterator[None]:
         """Move the grammar-mask time the requests' grammars count inside `phase` to "masks"."""
         grammars = [r.grammar for r in reqs if r.grammar is not None]
         before = sum(g.mask_ms for g in grammars)
@@ -124,7 +124,12 @@ class PhaseClock:
 
 
 def step(
-    target: Backend, reqs: Sequence[Request], prefills: Sequence[Prefill] = (), *, trees: bool = False, target_time=None
+    target: Backend,
+    reqs: Sequence[RunningRequest],
+    prefills: Sequence[Prefill] = (),
+    *,
+    trees: bool = False,
+    target_time=None,
 ) -> StepResult:
     """One step for each request with one target forward for all of them. `prefills`
     (sequence, ids[, request]) ride in the same forward without logits (chunked prefill of
@@ -192,7 +197,7 @@ def _each(out: list[Outcome], items: dict[int, T], phase: Callable[[int, T], U])
 
 
 # ---------------------------------------------------------------------- the phases
-def force(req: Request) -> Ready | list[int] | None:
+def force(req: RunningRequest) -> Ready | list[int] | None:
     """1. Forced tokens. Reads the grammar at the committed context; where it allows a single
     token, that token's masked probability is 1, so it is committed with no decision and the
     target needs only its KV entry, which this step's forward writes (no logits row unless the
@@ -224,7 +229,7 @@ def force(req: Request) -> Ready | list[int] | None:
     return Ready(tuple(forced), context, max_k)
 
 
-def plan(items: dict[int, tuple[Request, Ready]], extra_rows: int, out: list[Outcome]) -> dict[int, Plan]:
+def plan(items: dict[int, tuple[RunningRequest, Ready]], extra_rows: int, out: list[Outcome]) -> dict[int, Plan]:
     """2. Plan: which drafter and how many tokens each request drafts. Reads the policies'
     estimates; changes nothing but what a policy keeps of its own planning (free drafters
     propose while it plans). Auto policies of one engine choose jointly for the shared forward;
@@ -249,7 +254,7 @@ def plan(items: dict[int, tuple[Request, Ready]], extra_rows: int, out: list[Out
     return {i: plans[i] for i in items if i in plans}  # in request order
 
 
-def draft(req: Request, ready: Ready, plan: Plan, trees: bool) -> Draft | TreeDraft:
+def draft(req: RunningRequest, ready: Ready, plan: Plan, trees: bool) -> Draft | TreeDraft:
     """3. Draft: the planned drafter proposes (or the proposal the policy already made), cut to
     what fits and, under a grammar, to its valid prefix (the target would reject the rest with
     certainty). A tree stays a tree only when `trees`. Changes the drafter's own state."""
@@ -264,7 +269,7 @@ def draft(req: Request, ready: Ready, plan: Plan, trees: bool) -> Draft | TreeDr
 
 
 def forward(
-    target: Backend, drafted: Sequence[tuple[Request, Drafted]], prefills: Sequence[Prefill]
+    target: Backend, drafted: Sequence[tuple[RunningRequest, Drafted]], prefills: Sequence[Prefill]
 ) -> list[np.ndarray]:
     """4. Forward: one target pass over, per request, [uncached committed tail, d_1..d_k] with
     logits for its k+1 rows [last committed, d_1..d_k] (and, when it asks for logprobs, the
@@ -304,7 +309,7 @@ def score_prompts(prefills: Sequence[Prefill], logits: Sequence[np.ndarray]) -> 
     return errors
 
 
-def verify(req: Request, drafted: Drafted, logits: np.ndarray) -> Verified:
+def verify(req: RunningRequest, drafted: Drafted, logits: np.ndarray) -> Verified:
     """5. Verify: accept a prefix of the draft and pick the next token from the target's rows
     (logits [k+1, V]), masked by the grammar at each row's position. Greedy: argmax; sampling:
     exact rejection sampling. Reads the grammar (it does not move) and draws from req.rng."""
@@ -340,7 +345,7 @@ def verify(req: Request, drafted: Drafted, logits: np.ndarray) -> Verified:
     )
 
 
-def commit(req: Request, verified: Verified, fwd: Forward, batch_size: int) -> list[int]:
+def commit(req: RunningRequest, verified: Verified, fwd: Forward, batch_size: int) -> list[int]:
     """6. Commit: keep the accepted draft tokens in the target cache and drop the rejected rest;
     advance the grammar; record the step in the stats, the drafter and the policy. Returns the
     forced + committed tokens (the request's push applies stop conditions)."""
@@ -375,7 +380,7 @@ def commit(req: Request, verified: Verified, fwd: Forward, batch_size: int) -> l
 
 
 # ---------------------------------------------------------------------- helpers
-def _logprobs(req: Request, forced_rows: np.ndarray, rows: np.ndarray, tokens: Sequence[int]) -> tuple:
+def _logprobs(req: RunningRequest, forced_rows: np.ndarray, rows: np.ndarray, tokens: Sequence[int]) -> tuple:
     """The logprobs of a step's forced + committed tokens (each from the row before it), when
     the request asks for them: forced_rows [m, V] then rows [k+1, V]."""
     if req.sampling.logprobs is None:
@@ -389,7 +394,7 @@ def _scored(item: Prefill) -> bool:
     return len(item) > 2 and item[2] is not None and item[2].sampling.prompt_logprobs is not None
 
 
-def _rows(req: Request, drafted: Drafted) -> int:
+def _rows(req: RunningRequest, drafted: Drafted) -> int:
     """Target rows a request puts in the forward."""
     if isinstance(drafted.draft, TreeDraft):
         return 1 + len(drafted.draft)

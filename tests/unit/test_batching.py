@@ -183,9 +183,9 @@ def test_no_cross_talk_between_sequences():
     while batcher.active:
         batcher.step()
         for a in batcher.active:  # between steps: committed tokens but the last, nothing else
-            cached = a.request.slot.target.cached_ids
-            assert cached == a.request.context[: len(cached)]
-            assert not a.pending and len(cached) == len(a.request.context) - 1 or a.pending
+            cached = a.slot.target.cached_ids
+            assert cached == a.context[: len(cached)]
+            assert not a.pending and len(cached) == len(a.context) - 1 or a.pending
     for g, s in zip(gens, slots):
         cached = engine.slot(s).target.cached_ids
         full = g.request.prompt_ids + g.result.token_ids
@@ -287,3 +287,13 @@ def test_busy_slots_change_only_under_the_pool_lock():
     assert engine.busy_slots == set() and finished.busy_slots == set()
     assert guarded.unguarded == [] and guarded_done.unguarded == []
     assert engine.pool is batcher.pool  # the Engine and its Batchers share one pool
+
+
+def test_a_slot_another_batcher_claimed_is_not_chosen():
+    engine = make_engine(2)
+    first, second = Batcher(engine), Batcher(engine)  # both made while every slot is free
+    taken = first.add(stream(engine, *REQUESTS[0]))
+    other = second.add(stream(engine, *REQUESTS[1]))
+    assert {taken, other} == {0, 1} and engine.busy_slots == {0, 1}
+    with pytest.raises(BatchFull):
+        second.add(stream(engine, *REQUESTS[2]))

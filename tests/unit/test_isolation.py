@@ -105,8 +105,8 @@ def run_beside(victim_of, steps_before: int = 0):
     while batcher.active:
         events += [e for e in batcher.step() if e.generation is victim]
         for a in batcher.active:  # every cache stays what its request committed
-            cached = a.request.slot.target.cached_ids
-            assert cached == a.request.context[: len(cached)]
+            cached = a.slot.target.cached_ids
+            assert cached == a.context[: len(cached)]
     return gens, victim, events, engine
 
 
