@@ -135,8 +135,7 @@ class Batcher:
     def _share(self, slot: Slot, prompt: list[int], keep: int, share_from: Callable[[int], bool]) -> int:
         """Give slot the longest prefix of prompt another allowed slot holds, if it is at least
         MIN_SHARED tokens longer than the keep tokens slot already has; returns what slot holds."""
-        share = getattr(slot.target, "share_prefix", None)  # llama.cpp sequences can; others read again
-        if share is None:
+        if not slot.target.capabilities.prefix_sharing:  # llama.cpp sequences can; others read again
             return keep
         best, length = None, keep + MIN_SHARED - 1
         for other in self.pool.open_slots():
@@ -145,7 +144,7 @@ class Batcher:
             shared = common_prefix_length(other.target.cached_ids, prompt)
             if shared > length:
                 best, length = other, shared
-        return length if best is not None and share(best.target, length) else keep
+        return length if best is not None and slot.target.share_prefix(best.target, length) else keep
 
     def reap(self) -> list[Event]:
         """End the cancelled requests now (their slots free, their caches kept): called before

@@ -114,10 +114,10 @@ def fim_tokens(tokenizer: Tokenizer) -> FimTokens | None:
     """The model's FIM tokens, or None when it lacks prefix, suffix or middle.
 
     A tokenizer that knows its FIM tokens says so through `fim_token_ids()` ({role: id}, roles
-    as in FIM_TEXTS); otherwise a role's token is the first of its texts that encodes to one
-    token whose text it is."""
-    known = getattr(tokenizer, "fim_token_ids", None)
-    ids: dict[str, int] = dict(known()) if known is not None else {}
+    as in FIM_TEXTS); where it returns None, a role's token is the first of its texts that
+    encodes to one token whose text it is."""
+    known = tokenizer.fim_token_ids()
+    ids: dict[str, int] = dict(known) if known is not None else {}
     for role, texts in FIM_TEXTS.items() if known is None else ():
         for text in texts:
             encoded = tokenizer.encode(text, add_special=False, parse_special=True)

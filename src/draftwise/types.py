@@ -177,8 +177,7 @@ class SamplingParams:
             "logit_bias maps token ids (>= 0) to biases in [-100, 100]",
         )
         object.__setattr__(self, "logit_bias", bias)
-        for name in ("logprobs", "prompt_logprobs"):
-            value = getattr(self, name)
+        for name, value in (("logprobs", self.logprobs), ("prompt_logprobs", self.prompt_logprobs)):
             _check(value is None or 0 <= value <= 20, f"{name} must be in [0, 20], got {value}")
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))

@@ -109,6 +109,21 @@ def tree_target(tiny_gguf_dir):
     backend.close()
 
 
+def test_llamacpp_declares_what_it_can_do(tiny_gguf_dir, tree_target):
+    from draftwise.backends.base import Capabilities
+
+    assert tree_target.capabilities == Capabilities(
+        dtype="gguf", max_branches=4, batching=True, prefix_sharing=True, interruption=True
+    )
+    slotted = LlamaCppBackend(tiny_gguf_dir / "target.gguf", n_ctx=64, n_threads=1, slots=2)
+    try:
+        assert slotted.capabilities.num_slots == slotted.num_slots == 2 and slotted.capabilities.max_branches == 1
+        seq = slotted.sequence(1).capabilities  # decoded, batched and stopped through its owner
+        assert (seq.num_slots, seq.batching, seq.prefix_sharing, seq.interruption) == (1, False, True, True)
+    finally:
+        slotted.close()
+
+
 def test_tree_second_branch_committed_llamacpp(tree_target):
     from draftwise.verify import greedy_verify_tree
 

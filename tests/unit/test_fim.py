@@ -41,8 +41,11 @@ def test_tokens_come_from_llamacpp_vocabulary_without_metadata(fim_tokenizer):
 
 
 def test_tokens_found_by_text_when_the_tokenizer_does_not_say(fim_tokenizer):
-    class TextOnly:  # the same vocabulary, without fim_token_ids (as a transformers tokenizer)
+    class TextOnly:  # the same vocabulary, not knowing its FIM tokens (as a transformers tokenizer)
         encode, token_text = fim_tokenizer.encode, fim_tokenizer.token_text
+
+        def fim_token_ids(self):
+            return None
 
     assert fim_tokens(TextOnly()) == fim_tokens(fim_tokenizer)
 

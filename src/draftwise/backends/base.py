@@ -6,7 +6,9 @@ and raises if it cannot. The draft model is a Backend too.
 
 A backend loaded with several slots also serves `sequence(i)`: a Backend of its own for
 sequence i over the same model and cache memory (sequence 0 is the backend itself), and
-`extend_batch`, one forward over several sequences (continuous batching).
+`extend_batch`, one forward over several sequences (continuous batching). What a backend
+can do beyond one sequence (slots, batching, token trees, prefix sharing, interruption) it
+declares in `capabilities`; callers read that and never probe for methods.
 
 `encode_chat` tokenises a chat prompt so that message text stays text: control tokens
 come only from the chat template.
@@ -31,11 +33,22 @@ from draftwise.types import ConfigError
 
 @dataclass(frozen=True)
 class Capabilities:
+    """What a backend can do, as it declares it: the engine, the step and the batcher read this
+    and call the matching methods, never probing for them.
+
+    Example: a llama.cpp target loaded with 4 slots declares num_slots=4, batching=True,
+    prefix_sharing=True, interruption=True, max_branches=1 (trees and slots do not combine).
+    """
+
     exact: bool = False  # batched logits equal one-at-a-time logits bit for bit
     device: str = "cpu"
     dtype: str = "float32"
-    # Token-tree branches one forward verifies (extend_tree); 1: chains only.
+    # Token-tree branches one forward verifies (extend_tree, commit_branch); 1: chains only.
     max_branches: int = 1
+    num_slots: int = 1  # sequences served by sequence(i) over one model (Sequences)
+    batching: bool = False  # extend_batch runs several of its sequences in one forward
+    prefix_sharing: bool = False  # share_prefix(source, n) takes another sequence's cached prefix
+    interruption: bool = False  # interruptible(check) stops a forward part-way (a long prompt read)
 
 
 @runtime_checkable
@@ -54,6 +67,11 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: Sequence[int]) -> str: ...
     def token_text(self, token_id: int) -> str: ...
+    def fim_token_ids(self) -> dict[str, int] | None:
+        """The vocabulary's fill-in-the-middle tokens by role (draftwise.fim), or None where the
+        tokenizer does not know them (draftwise.fim then finds them by their texts)."""
+        ...
+
     def apply_chat_template(
         self, messages: Sequence[dict], *, add_generation_prompt: bool = True, tools: Sequence[dict] | None = None
     ) -> str:
@@ -113,7 +131,8 @@ class Backend(Protocol):
 
 
 class Sequences(Protocol):
-    """What a multi-sequence backend adds (llama.cpp and toy backends loaded with slots)."""
+    """What a backend declaring num_slots > 1 (or batching) adds: llama.cpp, transformers and
+    toy backends loaded with slots."""
 
     @property
     def num_slots(self) -> int: ...
@@ -128,16 +147,37 @@ class Sequences(Protocol):
         ...
 
 
+class Trees(Protocol):
+    """What a backend declaring max_branches > 1 adds: one forward over a token tree."""
+
+    def extend_tree(self, last: int, branches: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        """Logits [1 + len(b), V] for each branch after [last]; the cache is settled by
+        commit_branch (at most capabilities.max_branches branches)."""
+        ...
+
+    def commit_branch(self, branch: int, num_accepted: int) -> None:
+        """Keep [last] + branches[branch][:num_accepted] in the cache; drop the other branches."""
+        ...
+
+
+class PrefixSharing(Protocol):
+    """What a sequence declaring prefix_sharing adds (llama.cpp: one unified KV cache)."""
+
+    def share_prefix(self, source: Backend, n: int) -> bool:
+        """Make this sequence's cache the first n cached positions of source, another sequence
+        of the same model; False, changing nothing, where it cannot."""
+        ...
+
+
 def num_slots(backend: Backend) -> int:
     """How many sequences the backend can decode together (1 for a single-sequence backend)."""
-    return getattr(backend, "num_slots", 1)
+    return backend.capabilities.num_slots
 
 
 def extend_batch(backend: Backend, items: Sequence[tuple[Backend, Sequence[int], int]]) -> list[np.ndarray]:
     """One forward over several sequences of backend where it batches them, else one per item."""
-    batched = getattr(backend, "extend_batch", None)
-    if batched is not None and len(items) > 1:
-        return batched(items)
+    if backend.capabilities.batching and len(items) > 1:
+        return backend.extend_batch(items)
     return [seq.extend(ids, n) if n else _prefill(seq, ids) for seq, ids, n in items]
 
 

@@ -22,6 +22,7 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -95,8 +96,9 @@ class HFTokenizer:
         # other added tokens (Qwen's "<tool_call>") always do, as in llama.cpp.
         if parse_special:
             return list(self._tok.encode(text, add_special_tokens=add_special))
-        backend = getattr(self._tok, "_tokenizer", None)
-        if backend is None:  # a Python tokenizer takes the flag per call
+        from transformers import PreTrainedTokenizerFast
+
+        if not isinstance(self._tok, PreTrainedTokenizerFast):  # a Python tokenizer takes the flag per call
             return list(self._tok.encode(text, add_special_tokens=add_special, split_special_tokens=True))
         # NOTE: for a fast tokenizer, split_special_tokens flips a flag on the shared Rust tokenizer
         # for the call, racing with other threads' encodes: a copy of its own keeps the flag set.
@@ -104,7 +106,7 @@ class HFTokenizer:
             if self._as_text is None:
                 from tokenizers import Tokenizer as RustTokenizer
 
-                self._as_text = RustTokenizer.from_str(backend.to_str())
+                self._as_text = RustTokenizer.from_str(self._tok.backend_tokenizer.to_str())
                 self._as_text.encode_special_tokens = True
         return list(self._as_text.encode(text, add_special_tokens=add_special).ids)
 
@@ -117,6 +119,9 @@ class HFTokenizer:
         text = self._tok.convert_ids_to_tokens(token_id) if 0 <= token_id < self._num_known else None
         return f"[PAD{token_id}]" if text is None else text
 
+    def fim_token_ids(self) -> dict[str, int] | None:
+        return None  # transformers names no FIM roles: they are found by their texts
+
     def llguidance_tokenizer(self, n_vocab: int):
         """llguidance's adapter over this (fast) tokenizer, padded to the logits width."""
         from llguidance.hf import from_tokenizer
@@ -128,13 +133,13 @@ class HFTokenizer:
 
     @property
     def chat_template(self) -> str | None:
-        template = getattr(self._tok, "chat_template", None)
+        template = self._tok.chat_template  # a dict (several named templates) is not one
         return template if isinstance(template, str) else None
 
     def apply_chat_template(
         self, messages: Sequence[dict], *, add_generation_prompt: bool = True, tools: Sequence[dict] | None = None
     ) -> str:
-        if not getattr(self._tok, "chat_template", None):
+        if not self._tok.chat_template:
             raise BackendError("this model's tokenizer has no chat template; use a plain prompt")
         return self._tok.apply_chat_template(
             list(messages),
@@ -169,6 +174,9 @@ class ByteTokenizer:
     def token_text(self, token_id: int) -> str:
         return chr(token_id) if 0 <= token_id < 256 else f"[PAD{token_id}]"
 
+    def fim_token_ids(self) -> dict[str, int] | None:
+        return None  # bytes: no FIM tokens
+
     chat_template: str | None = None
 
     def apply_chat_template(
@@ -193,10 +201,12 @@ class ByteTokenizer:
 
 
 def _config_eos(model) -> list[int]:
-    ids: list[int] = []
-    for source in (model.config, getattr(model, "generation_config", None)):
-        value = getattr(source, "eos_token_id", None)
-        ids.extend(value if isinstance(value, (list, tuple)) else [value])
+    # NOTE: a model's config names eos_token_id only where its family defines it (transformers
+    # 5 dropped the attribute from PretrainedConfig): read where present. The generation config,
+    # which every causal LM has, always names it (None: not set).
+    generation = model.generation_config
+    values = [getattr(model.config, "eos_token_id", None), generation.eos_token_id if generation else None]
+    ids = [i for value in values for i in (value if isinstance(value, (list, tuple)) else [value])]
     return [int(i) for i in ids if i is not None]
 
 
@@ -215,7 +225,10 @@ def resolve_device(device: str) -> str:
 def resolve_dtype(dtype: str):
     if dtype not in DTYPES:
         raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    return getattr(_torch(), dtype)
+    torch = _torch()
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}[
+        dtype
+    ]
 
 
 class HFBackend:
@@ -282,6 +295,7 @@ class HFBackend:
         self._model = model
         self._device = model.device
         self._vocab_size = int(model.config.vocab_size)  # logits width; may exceed the tokenizer
+        # NOTE: not every family's config has a position limit (or names it so): n_ctx then.
         max_positions = getattr(model.config, "max_position_embeddings", None) or n_ctx
         self._n_ctx = min(n_ctx, max_positions)
         # transformers 5.x renamed past_key_values= to cache=; older 5.x releases only know the former.
@@ -295,7 +309,9 @@ class HFBackend:
         dtype = str(model.dtype).removeprefix("torch.")
         # Measured: on CPU, float32/float64 batched logits equal one-at-a-time ones; bf16 drifts.
         exact = self._device.type == "cpu" and dtype in ("float32", "float64")
-        self.capabilities = Capabilities(exact=exact, device=str(self._device), dtype=dtype, max_branches=1)
+        self.capabilities = Capabilities(
+            exact=exact, device=str(self._device), dtype=dtype, max_branches=1, num_slots=slots, batching=True
+        )
         self.n_threads = torch.get_num_threads() if self._device.type == "cpu" else 0
         self.num_forwards = 0
         self.num_batches = 0  # extend_batch forwards over several sequences
@@ -316,6 +332,7 @@ class HFBackend:
         seq.__dict__.update(self.__dict__)
         seq._ids, seq._cache = [], self._new_cache()
         seq.name, seq._slots, seq._owner = f"{self.name}#{index}", [seq], self
+        seq.capabilities = replace(self.capabilities, num_slots=1, batching=False)  # its owner batches it
         return seq
 
     def _new_cache(self):
@@ -326,7 +343,7 @@ class HFBackend:
     # ---------------------------------------------------------------- sequences
     @property
     def num_slots(self) -> int:
-        return len(self._slots)
+        return self.capabilities.num_slots
 
     def sequence(self, slot: int) -> HFBackend:
         return self._slots[slot]
@@ -335,8 +352,8 @@ class HFBackend:
         """Several sequences in one padded forward; an item far longer than the rest, or over
         MAX_BATCH, runs in a forward of its own (see the module docstring)."""
         for seq, _, _ in items:
-            if getattr(seq, "_owner", None) is not self:
-                raise BackendError(f"{getattr(seq, 'name', seq)!r} is not a sequence of {self.name}")
+            if not isinstance(seq, HFBackend) or seq._owner is not self:
+                raise BackendError(f"{seq!r} is not a sequence of {self.name}")
         if len({id(seq) for seq, _, _ in items}) < len(items):
             raise BackendError("a sequence appears twice in one batch")
         live = [(i, seq, [int(t) for t in ids], n) for i, (seq, ids, n) in enumerate(items) if len(ids)]
@@ -527,7 +544,7 @@ class HFBackend:
             seq._cache = seq._model = None
         self._ids.clear()
         self._cache = None
-        if getattr(self, "_model", None) is not None:
+        if self._model is not None:
             on_cuda = self._device.type == "cuda"
             self._model = None
             if on_cuda:
@@ -544,7 +561,9 @@ def _wrap_tokenizer(tokenizer, model):
     vocab_size = int(model.config.vocab_size)
     if tokenizer is None:
         return ByteTokenizer(vocab_size, _config_eos(model))
-    if hasattr(tokenizer, "convert_ids_to_tokens"):  # a transformers tokenizer
+    from transformers import PreTrainedTokenizerBase
+
+    if isinstance(tokenizer, PreTrainedTokenizerBase):
         return HFTokenizer(tokenizer, vocab_size, _config_eos(model))
     return tokenizer  # already implements the Tokenizer seam
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -186,8 +187,13 @@ class LlamaCppSequence(_SequenceOps):
     def __init__(self, owner: LlamaCppBackend, seq_id: int) -> None:
         self._owner, self._seq_id, self._ids, self._n_ctx = owner, seq_id, [], owner._n_ctx
         self.name = f"{owner.name}#{seq_id}"
-        self.identity, self.tokenizer = owner.identity, owner.tokenizer
-        self.capabilities, self.n_threads = owner.capabilities, owner.n_threads
+        self.identity, self.tokenizer, self.n_threads = owner.identity, owner.tokenizer, owner.n_threads
+        # Decoded through the owner's context: its forwards batch there, and stop with it.
+        self.capabilities = replace(owner.capabilities, max_branches=1, num_slots=1, batching=False)
+
+    def interruptible(self, check: Callable[[], bool]) -> AbstractContextManager[None]:
+        """The owner's interruptible context: it stops every forward of the shared context."""
+        return self._owner.interruptible(check)
 
     def reset(self) -> None:
         self._owner._c.llama_memory_seq_rm(self._owner._mem, self._seq_id, -1, -1)
@@ -200,6 +206,9 @@ class LlamaCppSequence(_SequenceOps):
 
 
 class LlamaCppBackend(_SequenceOps):
+    # What close() frees; None until __init__ makes it (a failed load closes what it made).
+    _llm = _own_ctx = _batch = _tree_batch = None
+
     def __init__(
         self,
         model_path: str | os.PathLike,
@@ -280,11 +289,19 @@ class LlamaCppBackend(_SequenceOps):
         self.name = name or path.name
         self.identity = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
         self.tokenizer = LlamaCppTokenizer(self._llm, C)
-        self.capabilities = Capabilities(exact=False, device="cpu", dtype="gguf", max_branches=n_seq_max)
+        self.capabilities = Capabilities(
+            exact=False,
+            device="cpu",
+            dtype="gguf",
+            max_branches=n_seq_max,
+            num_slots=slots,
+            batching=True,
+            prefix_sharing=True,  # one unified KV cache: sequences share cells
+            interruption=True,
+        )
         self._slots: list[_SequenceOps] = [self, *(LlamaCppSequence(self, i) for i in range(1, slots))]
-        # llama.cpp asks the abort callback between the graph's nodes (649 Python calls for a
-        # single-row forward of the default target, within timing noise of 37 ms on a 2-core
-        # EPYC, 2026-12-02); it is installed only inside `interruptible`, where it is needed.
+        # llama.cpp asks the abort callback between the graph's nodes (hundreds of Python calls
+        # a forward, within timing noise of it); it is installed only inside `interruptible`.
         self._interrupt: Callable[[], bool] | None = None
         self._abort_cb = C.ggml_abort_callback(self._should_abort)
 
@@ -314,15 +331,15 @@ class LlamaCppBackend(_SequenceOps):
     # ---------------------------------------------------------------- sequences
     @property
     def num_slots(self) -> int:
-        return len(self._slots)
+        return self.capabilities.num_slots
 
     def sequence(self, slot: int) -> _SequenceOps:
         return self._slots[slot]
 
     def extend_batch(self, items: Sequence[tuple[_SequenceOps, Sequence[int], int]]) -> list[np.ndarray]:
         for seq, _, _ in items:
-            if getattr(seq, "_owner", None) is not self:
-                raise BackendError(f"{getattr(seq, 'name', seq)!r} is not a sequence of {self.name}")
+            if not isinstance(seq, _SequenceOps) or seq._owner is not self:
+                raise BackendError(f"{seq!r} is not a sequence of {self.name}")
         return self._decode_items(list(items))
 
     # ---------------------------------------------------------------- decoding
@@ -462,16 +479,16 @@ class LlamaCppBackend(_SequenceOps):
         self._ids.clear()
 
     def close(self) -> None:
-        if getattr(self, "_batch", None) is not None:
+        if self._batch is not None:
             self._c.llama_batch_free(self._batch)
             self._batch = None
-        if getattr(self, "_tree_batch", None) is not None:
+        if self._tree_batch is not None:
             self._c.llama_batch_free(self._tree_batch)
             self._tree_batch = None
-        if getattr(self, "_own_ctx", None):
+        if self._own_ctx:
             self._c.llama_free(self._own_ctx)
             self._own_ctx = None
-        if getattr(self, "_llm", None) is not None:
+        if self._llm is not None:
             self._llm.close()
             self._llm = None
 

@@ -47,6 +47,9 @@ class CharTokenizer:
     def token_text(self, token_id: int) -> str:
         return self._pieces[token_id]
 
+    def fim_token_ids(self) -> dict[str, int] | None:
+        return None  # single characters: no FIM tokens
+
     chat_template: str | None = None  # the toy's format below has no tools
 
     def apply_chat_template(
@@ -124,9 +127,8 @@ class ToyBackend:
         self.name = name
         self.identity = f"toy:{name}:{model!r}" if model is not None else f"toy:{name}:{id(logits_fn)}"
         self.tokenizer = tokenizer or CharTokenizer(vocab_size)
-        self.capabilities = Capabilities(
-            exact=True, dtype="float64", max_branches=16
-        )  # no limit of its own: 16 bounds a tree
+        # Trees: no limit of its own, 16 bounds one. Its sequences are toy backends of one slot.
+        self.capabilities = Capabilities(exact=True, dtype="float64", max_branches=16, num_slots=slots, batching=True)
         self.num_forwards = 0  # target forwards, for tests
         self.num_batches = 0  # extend_batch calls (one forward over several sequences)
         self._slots: list[ToyBackend] = [self]
@@ -140,7 +142,7 @@ class ToyBackend:
     # ---------------------------------------------------------------- sequences
     @property
     def num_slots(self) -> int:
-        return len(self._slots)
+        return self.capabilities.num_slots
 
     def sequence(self, slot: int) -> ToyBackend:
         return self._slots[slot]

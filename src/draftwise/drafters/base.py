@@ -26,6 +26,9 @@ class Drafter(Protocol):
     backend: Backend | None
     #: Cached draft positions reused from the previous request at this request's first proposal.
     num_reused_tokens: int
+    #: Drafting stops where the next token's confidence falls below this (0: never); the auto
+    #: policy sets a draft model's from measured costs.
+    min_confidence: float
 
     def begin(
         self,
@@ -75,6 +78,7 @@ class BaseDrafter:
 
     backend: Backend | None = None
     num_reused_tokens: int = 0
+    min_confidence: float = 0.0
 
     def begin(
         self,

@@ -21,8 +21,8 @@ finds the call it is writing (the earliest of the recent points from which some 
 match it, values skipped) and proposes the rest of the text up to the next value (or, while
 several tools still match, as far as they agree). Inside a string value the prompt holds (a path,
 a city: the value so far occurs in the prompt) it proposes the rest of it as the prompt writes it,
-then the skeleton after it. Measured on the tool_calls suite (AVX-512 host, 2026-12-02): auto
-1.32x plain decoding under the same constraint with the skeleton alone, 1.45x with the values.
+then the skeleton after it. On the tool_calls suite auto runs at 1.45x plain decoding under the
+same constraint with the values, 1.32x with the skeleton alone (docs/bench/tool-calls-calls).
 
 It is a deterministic proposal like any lookup: verification decides, the output is the target's.
 """

@@ -127,7 +127,7 @@ class DatastoreDrafter(BaseDrafter):
     def _compare(self, start: int, pattern: list[int]) -> int:
         """Sign of corpus[start:start+m] vs pattern, lexicographically (shorter = smaller)."""
         # NOTE: Python lists compare lexicographically, shorter first, in C; a few tokens
-        # as a list beat numpy's per-call overhead (3 numpy calls per comparison before).
+        # as a list beat numpy's per-call overhead.
         window = self.tokens[start : start + len(pattern)].tolist()
         return 0 if window == pattern else -1 if window < pattern else 1
 

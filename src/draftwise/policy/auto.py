@@ -241,7 +241,7 @@ class AutoPolicy:
         else:
             best = Plan(option.drafter, k, option.draft and option.draft.truncated(k))
         drafter = best.drafter
-        if drafter is not None and not drafter.free and hasattr(drafter, "min_confidence"):
+        if drafter is not None and not drafter.free:
             # Stop drafting when the draft's own confidence is below what one more
             # token must earn: (its draft + verify cost) x the plain rate.
             marginal_ms = option.step_ms + self._target_ms(rows + 1) - self._target_ms(rows)

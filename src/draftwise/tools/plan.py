@@ -34,7 +34,7 @@ class ToolPlan:
 def tool_plan(tokenizer, tools: Sequence[Tool], choice: ToolChoice, parallel: bool = True) -> ToolPlan:
     """The format of the tokenizer's chat template and the constraint of the request. A template
     without tool support is refused (ToolSpecError on `tools`): see docs/tools-and-structured-output.md."""
-    fmt = format_for(getattr(tokenizer, "chat_template", None))
+    fmt = format_for(tokenizer.chat_template)
     if fmt is None:
         raise ToolSpecError(
             "this model's chat template has no tool support (no tool-call format this server "
