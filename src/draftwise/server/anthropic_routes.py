@@ -19,7 +19,7 @@ from fastapi import APIRouter, Request
 from draftwise.server import anthropic_answers as a
 from draftwise.server import anthropic_protocol as m
 from draftwise.server import anthropic_translate as t
-from draftwise.server.errors import openai_refusal
+from draftwise.server.errors import openai_refusal, rewrite_errors
 from draftwise.server.serving import Job
 from draftwise.server.state import State, Tenant
 from draftwise.server.streams import messages_reply
@@ -88,26 +88,7 @@ class AnthropicErrors:
         if b"authorization" not in headers and b"x-api-key" in headers:
             bearer = (b"authorization", b"Bearer " + headers[b"x-api-key"])
             scope = {**scope, "headers": [*scope["headers"], bearer]}
-        held: dict | None = None
-        body = b""
-
-        async def rewriting_send(message) -> None:
-            nonlocal held, body
-            if message["type"] == "http.response.start" and message["status"] >= 400:
-                held = message
-                return
-            if held is None or message["type"] != "http.response.body":
-                await send(message)
-                return
-            body += message.get("body", b"")
-            if message.get("more_body", False):
-                return
-            status, new = _anthropic_error(held["status"], body)
-            kept = [(k, v) for k, v in held.get("headers", []) if k.lower() != b"content-length"]
-            await send({**held, "status": status, "headers": [*kept, (b"content-length", str(len(new)).encode())]})
-            await send({"type": "http.response.body", "body": new})
-
-        await self.app(scope, receive, rewriting_send)
+        await rewrite_errors(self.app, scope, receive, send, _anthropic_error)
 
 
 def _anthropic_error(status: int, body: bytes) -> tuple[int, bytes]:

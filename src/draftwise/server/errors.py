@@ -407,3 +407,29 @@ class _GuardedProtocol:
             b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
         )
         self.transport.close()
+
+
+async def rewrite_errors(app, scope, receive, send, rewrite: Callable[[int, bytes], tuple[int, bytes]]) -> None:
+    """Run an ASGI app, holding back any answer of status 400 and above until its body is whole,
+    and send `rewrite(status, body)` in its place: how a protocol with its own error shape
+    (Ollama's, Anthropic's) answers the errors the shared routes and guards raise in OpenAI's."""
+    held: dict | None = None
+    body = b""
+
+    async def rewriting_send(message) -> None:
+        nonlocal held, body
+        if message["type"] == "http.response.start" and message["status"] >= 400:
+            held = message
+            return
+        if held is None or message["type"] != "http.response.body":
+            await send(message)
+            return
+        body += message.get("body", b"")
+        if message.get("more_body", False):
+            return
+        status, new = rewrite(held["status"], body)
+        kept = [(k, v) for k, v in held.get("headers", []) if k.lower() != b"content-length"]
+        await send({**held, "status": status, "headers": [*kept, (b"content-length", str(len(new)).encode())]})
+        await send({"type": "http.response.body", "body": new})
+
+    await app(scope, receive, rewriting_send)

@@ -24,7 +24,7 @@ from draftwise.models import REGISTRY
 from draftwise.server import ollama_answers as a
 from draftwise.server import ollama_protocol as o
 from draftwise.server import ollama_translate as t
-from draftwise.server.errors import APIError, openai_refusal
+from draftwise.server.errors import APIError, openai_refusal, rewrite_errors
 from draftwise.server.serving import Job
 from draftwise.server.state import State, Tenant
 from draftwise.server.streams import ndjson_response, ollama_reply
@@ -185,26 +185,7 @@ class OllamaErrors:
             return
         headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
         scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
-        held: dict | None = None
-        body = b""
-
-        async def rewriting_send(message) -> None:
-            nonlocal held, body
-            if message["type"] == "http.response.start" and message["status"] >= 400:
-                held = message
-                return
-            if held is None or message["type"] != "http.response.body":
-                await send(message)
-                return
-            body += message.get("body", b"")
-            if message.get("more_body", False):
-                return
-            new = _ollama_error(body)
-            kept = [(k, v) for k, v in held.get("headers", []) if k.lower() != b"content-length"]
-            await send({**held, "headers": [*kept, (b"content-length", str(len(new)).encode())]})
-            await send({"type": "http.response.body", "body": new})
-
-        await self.app(scope, receive, rewriting_send)
+        await rewrite_errors(self.app, scope, receive, send, lambda status, body: (status, _ollama_error(body)))
 
 
 def _ollama_error(body: bytes) -> bytes:
