@@ -243,9 +243,6 @@ class CallsDrafter(BaseDrafter):
                 return ids[m:]
         return self.tokenizer.encode(text, add_special=False)
 
-    def accept(self, num_accepted: int) -> None:
-        pass
-
 
 def _occurrences(text: str, ch: str) -> list[int]:
     out, i = [], text.find(ch)

@@ -16,10 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from draftwise.backends.base import Tokenizer
 from draftwise.drafters.base import BaseDrafter
 from draftwise.drafters.continuation import frequency_walk
-from draftwise.types import Draft, SamplingParams, SpeculationConfig
+from draftwise.types import Draft
 
 DEPTH = 64  # suffixes are sorted by their first DEPTH tokens: matches are capped there
 MAX_MATCH = 32
@@ -111,15 +110,6 @@ class DatastoreDrafter(BaseDrafter):
         self.meta = json.loads((path / "meta.json").read_text())
         self.min_match, self.min_confidence, self.name = min_match, min_confidence, name
 
-    def begin(
-        self,
-        sampling: SamplingParams,
-        speculation: SpeculationConfig,
-        prompt: Sequence[int] = (),
-        tokenizer: Tokenizer | None = None,
-    ) -> None:
-        pass
-
     def for_slot(self, slot: int) -> DatastoreDrafter:
         """Another slot's drafter over the same (read-only, memory-mapped) datastore."""
         return copy.copy(self)
@@ -188,9 +178,6 @@ class DatastoreDrafter(BaseDrafter):
             return Draft((), source=self.name)
         proposal, _ = frequency_walk(self._token_at, positions, max_tokens, self.min_confidence)
         return Draft(tuple(proposal), source=self.name, score=float(length))
-
-    def accept(self, num_accepted: int) -> None:
-        pass
 
 
 def stdlib_sources(max_files: int | None = None) -> list[tuple[str, str]]:

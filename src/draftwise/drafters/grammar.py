@@ -11,9 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from draftwise.backends.base import Tokenizer
 from draftwise.drafters.base import BaseDrafter
-from draftwise.types import Draft, SamplingParams, SpeculationConfig
+from draftwise.types import Draft
 
 if TYPE_CHECKING:
     from draftwise.constraints import Grammar
@@ -29,15 +28,6 @@ class GrammarDrafter(BaseDrafter):
     def __init__(self, name: str = "grammar") -> None:
         self.name = name
 
-    def begin(
-        self,
-        sampling: SamplingParams,
-        speculation: SpeculationConfig,
-        prompt: Sequence[int] = (),
-        tokenizer: Tokenizer | None = None,
-    ) -> None:
-        pass
-
     def for_slot(self, slot: int) -> GrammarDrafter:
         return GrammarDrafter(self.name)
 
@@ -45,6 +35,3 @@ class GrammarDrafter(BaseDrafter):
         if grammar is None or max_tokens <= 0:
             return Draft((), source=self.name)
         return Draft(tuple(grammar.fast_forward(max_tokens)), source=self.name, score=SCORE)
-
-    def accept(self, num_accepted: int) -> None:
-        pass

@@ -11,9 +11,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-from draftwise.backends.base import Tokenizer
 from draftwise.drafters.base import BaseDrafter
-from draftwise.types import Draft, SamplingParams, SpeculationConfig, TreeDraft
+from draftwise.types import Draft, TreeDraft
 
 MAX_CANDIDATES = 64  # occurrences scored per lookup (newest kept when there are more)
 MAX_BACKWARD = 256  # how far a match is extended backwards when scoring
@@ -41,19 +40,11 @@ class NgramDrafter(BaseDrafter):
         self._tokens = []
         self._index = {n: defaultdict(list) for n in range(self.min_n, self.max_n + 1)}
 
-    def begin(
-        self,
-        sampling: SamplingParams,
-        speculation: SpeculationConfig,
-        prompt: Sequence[int] = (),
-        tokenizer: Tokenizer | None = None,
-    ) -> None:
-        pass  # the index survives requests only through the context check in _sync
-
     def for_slot(self, slot: int) -> NgramDrafter:
         return NgramDrafter(self.min_n, self.max_n, self.name)
 
     def _sync(self, context: Sequence[int]) -> None:
+        # The index survives from one request to the next only through this check (begin is a no-op).
         known = len(self._tokens)
         if len(context) < known or list(context[:known]) != self._tokens:
             self.reset()
@@ -114,6 +105,3 @@ class NgramDrafter(BaseDrafter):
             return Draft((), source=self.name)
         proposal = self._tokens[start : start + max_tokens]
         return Draft(tuple(proposal), source=self.name, score=float(length))
-
-    def accept(self, num_accepted: int) -> None:
-        pass

@@ -10,10 +10,9 @@ from __future__ import annotations
 from collections import defaultdict, deque
 from collections.abc import Sequence
 
-from draftwise.backends.base import Tokenizer
 from draftwise.drafters.base import BaseDrafter
 from draftwise.drafters.continuation import frequency_walk
-from draftwise.types import Draft, SamplingParams, SpeculationConfig
+from draftwise.types import Draft
 
 SEPARATOR = -1  # between documents: no match or continuation crosses it
 MAX_CANDIDATES = 128
@@ -95,14 +94,6 @@ class SuffixDrafter(BaseDrafter):
         return sum(len(d) for d in self._docs)
 
     # ---------------------------------------------------------------- drafting
-    def begin(
-        self,
-        sampling: SamplingParams,
-        speculation: SpeculationConfig,
-        prompt: Sequence[int] = (),
-        tokenizer: Tokenizer | None = None,
-    ) -> None:
-        pass
 
     def for_slot(self, slot: int) -> SuffixDrafter:
         """A drafter for another slot, with a history of its own: a slot's next request is
@@ -171,6 +162,3 @@ class SuffixDrafter(BaseDrafter):
         proposal, confidences = frequency_walk(self._token_at, positions, max_tokens, self.min_confidence)
         self.last_confidences = confidences
         return Draft(tuple(proposal), source=self.name, score=float(length), kind=self.last_kind)
-
-    def accept(self, num_accepted: int) -> None:
-        pass
