@@ -51,6 +51,7 @@ class Emitted:
     logprobs: tuple = ()  # TokenLogprobs of the tokens this text completes (when the request asks)
     # The prompt's TokenLogprobs (tokens 2..), with a request's first text when it asks for them.
     prompt_logprobs: tuple | None = None
+    spans: tuple = ()  # TokenSpans of this text (when the request asks for token sources)
 
 
 @dataclass(frozen=True)
@@ -234,7 +235,7 @@ class Batcher:
             for req, piece, context in pushed:
                 req.stats.record_time(result.phase_ms, step_ms, result.rows, context)
                 if piece:
-                    events.append(self._emitted(req, piece, tuple(req.take_logprobs())))
+                    events.append(self._emitted(req, piece, tuple(req.take_logprobs()), req.take_spans(req.emitted)))
                 if req.stats.finish_reason:
                     self._finish(req, events)
         return events
@@ -260,17 +261,17 @@ class Batcher:
         piece, result = self.pool.finish(req)
         rest = tuple(req.take_logprobs(final=True))
         if piece or rest:
-            events.append(self._emitted(req, piece, rest))
+            events.append(self._emitted(req, piece, rest, req.take_spans(len(result.text))))
         req.generation.result = result
         self._release(req)
         events.append(Done(req.generation, result))
 
-    def _emitted(self, req: RunningRequest, piece: str, logprobs: tuple) -> Emitted:
+    def _emitted(self, req: RunningRequest, piece: str, logprobs: tuple, spans: tuple) -> Emitted:
         """An Emitted event; a request's first carries its prompt's logprobs if it asked for them."""
         prompt = None
         if req.sampling.prompt_logprobs is not None and not req.prompt_sent:
             prompt, req.prompt_sent = tuple(req.prompt_logprobs), True
-        return Emitted(req.generation, piece, logprobs, prompt)
+        return Emitted(req.generation, piece, logprobs, prompt, spans)
 
     def _release(self, req: RunningRequest) -> None:
         self.active.remove(req)

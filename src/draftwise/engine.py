@@ -121,10 +121,13 @@ class Engine:
         cancelled: Callable[[], bool] | None = None,
         drafters: Sequence[str] | None = None,
         prediction: str | None = None,
+        token_sources: bool = False,
     ) -> Generation:
         """Start a request; iterate the result for text pieces. `drafters` picks a subset by name;
         `prediction` is the expected output (OpenAI's predicted outputs), drafted from by the
-        prediction drafter. Validation happens here; a Batcher may run the request instead."""
+        prediction drafter. token_sources: keep which drafter (or the target) wrote each token,
+        as TokenSpans on the Batcher's events and in `result.spans`. Validation happens here; a
+        Batcher may run the request instead."""
         if prompt_ids is None:
             prompt_ids = self.encode_prompt(prompt, messages)
         sampling = sampling or SamplingParams()
@@ -161,7 +164,13 @@ class Engine:
             grammar = compile_constraint(sampling.constraint, self.target)
             grammar.check_start()
         request = ValidRequest(
-            list(prompt_ids), sampling, speculation, cancelled, None if drafters is None else tuple(drafters), grammar
+            list(prompt_ids),
+            sampling,
+            speculation,
+            cancelled,
+            None if drafters is None else tuple(drafters),
+            grammar,
+            token_sources,
         )
         return Generation(request, self._run)
 
@@ -204,6 +213,7 @@ class Engine:
                 while batcher.active:
                     for event in batcher.step():
                         if isinstance(event, Emitted) and event.text:
+                            gen.spans.extend(event.spans)
                             yield event.text
                         elif isinstance(event, Failed):
                             raise event.error  # the Batcher reset the slot's cache

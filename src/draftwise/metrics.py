@@ -45,6 +45,12 @@ class RequestStats:
     k_choices: Counter = field(default_factory=Counter)  # planned k -> steps
     drafted_by: Counter = field(default_factory=Counter)  # drafter name -> draft tokens verified
     accepted_by: Counter = field(default_factory=Counter)  # drafter name -> draft tokens accepted
+    # Generated tokens by where they came from: "target" (its own: plain steps, corrections,
+    # bonus tokens), "grammar" (forced), or the drafter whose draft token was accepted.
+    tokens_by_source: Counter = field(default_factory=Counter)
+    # What plain decoding would have spent on the target's forwards for this answer, from the
+    # calibrated cost curve (0: no curve); estimated_speedup is it over decode_ms.
+    estimated_plain_ms: float = 0.0
     # The time account of the decode: milliseconds per step phase (force, plan, draft, forward,
     # masks, verify, commit; a batched step's shared phases count for every request in it), the
     # loop around the step ("loop": bookkeeping, stop strings, detokenising) and "other", the
@@ -116,6 +122,10 @@ class RequestStats:
         return [a / d for a, d in zip(self.position_accepted, self.position_drafted)]
 
     @property
+    def estimated_speedup(self) -> float:
+        return self.estimated_plain_ms / self.decode_ms if self.estimated_plain_ms and self.decode_ms > 0 else 0.0
+
+    @property
     def tokens_per_second(self) -> float:
         return 1000.0 * self.num_generated / self.decode_ms if self.decode_ms > 0 else 0.0
 
@@ -158,6 +168,9 @@ class RequestStats:
             "drafter_choices": dict(self.drafter_choices),
             "drafted_by_drafter": dict(self.drafted_by),
             "accepted_by_drafter": dict(self.accepted_by),
+            "tokens_by_source": dict(self.tokens_by_source),
+            "estimated_plain_ms": round(self.estimated_plain_ms, 3),
+            "estimated_speedup": round(self.estimated_speedup, 3),
             "k_choices": {str(k): v for k, v in sorted(self.k_choices.items())},
             "time_ms": {k: round(v, 3) for k, v in self.time_ms.items()},
             "step_times": [list(t) for t in self.step_times],

@@ -20,7 +20,7 @@ from draftwise.drafters.base import Drafter
 from draftwise.metrics import RequestStats
 from draftwise.policy.base import Policy
 from draftwise.sampling import TokenLogprob
-from draftwise.types import SamplingParams, SpeculationConfig
+from draftwise.types import SamplingParams, SpeculationConfig, TokenSpan
 
 if TYPE_CHECKING:
     from draftwise.constraints import Grammar
@@ -36,6 +36,8 @@ class Result:
     # a stop string cut the text), and one per prompt token after the first.
     logprobs: list[TokenLogprob] | None = None
     prompt_logprobs: list[TokenLogprob] | None = None
+    # Asked for (token_sources): the text as spans, each with the token and step that wrote it.
+    spans: list[TokenSpan] | None = None
 
     @property
     def finish_reason(self) -> str:
@@ -56,6 +58,7 @@ class ValidRequest:
     cancelled: Callable[[], bool] | None
     drafters: tuple[str, ...] | None  # a subset by name; None: all
     grammar: Grammar | None
+    token_sources: bool = False  # stream each token's source (TokenSpans) beside its text
 
 
 class Generation:
@@ -63,11 +66,13 @@ class Generation:
     `.result` holds the Result.
 
     `.request` is the ValidRequest: a Batcher may run it in a slot instead (then the Generation
-    is not iterated, and the Batcher sets `.result` when the request is done)."""
+    is not iterated, and the Batcher sets `.result` when the request is done). Iterated, `.spans`
+    holds the TokenSpans of the text streamed so far (when the request asks for token sources)."""
 
     def __init__(self, request: ValidRequest, pieces: Callable[[Generation], Iterator[str]]) -> None:
         self.request = request
         self.result: Result | None = None
+        self.spans: list[TokenSpan] = []
         self._pieces = pieces(self)
 
     def __iter__(self) -> Iterator[str]:
@@ -152,6 +157,19 @@ class RunningRequest:
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per generated token (if asked)
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # prompt tokens 2.. (if asked)
     logprobs_taken: int = 0  # logprobs handed to the stream so far
+    # Where the step's tokens came from (commit sets them, push reads them): a source per
+    # forced + committed token, and the step's (drafted, accepted).
+    pending_sources: tuple[str, ...] = ()
+    pending_step: tuple[int, int] = (0, 0)
+    # token_sources: per generated token its source, its step (index into steps) and where its
+    # text ends in the decoded text; spans_chars / spans_token: what take_spans handed out.
+    trace: bool = False
+    token_sources: list[str] = field(default_factory=list)
+    token_steps: list[int] = field(default_factory=list)
+    steps: list[tuple[int, int]] = field(default_factory=list)
+    text_ends: list[int] = field(default_factory=list)
+    spans_chars: int = 0
+    spans_token: int = 0
 
     def push(self, new_ids: list[int] | None) -> str:
         """Stop conditions, token by token, for a step's tokens (None: nothing fits any more);
@@ -162,6 +180,10 @@ class RunningRequest:
             stats.finish_reason = "length"
             return ""
         pending, self.pending_logprobs = self.pending_logprobs, []
+        sources, self.pending_sources = self.pending_sources, ()
+        decoder, trace = self.decoder, self.trace
+        if trace:
+            self.steps.append(self.pending_step)
         for j, token in enumerate(new_ids):
             if j < len(pending):
                 self.logprobs.append(pending[j])  # EOS's too; take_logprobs() drops it
@@ -171,11 +193,18 @@ class RunningRequest:
                 break
             self.generated.append(token)
             self.context.append(token)
+            source = sources[j] if j < len(sources) else "target"
+            stats.tokens_by_source[source] += 1
+            if trace:  # one token at a time, to know where each one's text ends
+                decoder.push((token,))
+                self.token_sources.append(source)
+                self.token_steps.append(len(self.steps) - 1)
+                self.text_ends.append(len(decoder.text))
             if len(self.generated) >= sampling.max_tokens:
                 stats.finish_reason = "length"
                 break
-        decoder = self.decoder
-        decoder.push(self.context[len(self.prompt_ids) + len(decoder.ids) :])
+        if not trace:
+            decoder.push(self.context[len(self.prompt_ids) + len(decoder.ids) :])
         if sampling.stop:
             self.stop_at = find_stop(decoder.text, sampling.stop, self.emitted - self.stop_hold)
             if self.stop_at is not None:
@@ -203,6 +232,36 @@ class RunningRequest:
         self.logprobs_taken = max(self.logprobs_taken, end)
         return taken
 
+    def take_spans(self, end: int) -> tuple[TokenSpan, ...]:
+        """The TokenSpans of the text from what was handed out so far up to character `end`
+        (() unless the request asks for token sources)."""
+        if not self.trace:
+            return ()
+        spans, self.spans_chars, self.spans_token = self._spans(self.spans_chars, end, self.spans_token)
+        return tuple(spans)
+
+    def _spans(self, at: int, end: int, i: int) -> tuple[list[TokenSpan], int, int]:
+        """Spans of text[at:end], starting from token i; returns them, where they end, and the
+        first token not wholly in them."""
+        spans, text, ends = [], self.decoder.text, self.text_ends
+        while i < len(ends) and at < end:
+            stop = min(ends[i], end)
+            if stop > at:
+                drafted, accepted = self.steps[self.token_steps[i]]
+                logprob = self.logprobs[i].logprob if i < len(self.logprobs) else None
+                spans.append(
+                    TokenSpan(text[at:stop], self.token_sources[i], self.token_steps[i] + 1, drafted, accepted, logprob)
+                )
+                at = stop
+            if ends[i] > end:
+                break
+            i += 1
+        return spans, at, i
+
+    def all_spans(self, end: int) -> list[TokenSpan] | None:
+        """The spans of the whole text up to character `end`; None without token sources."""
+        return self._spans(0, end, 0)[0] if self.trace else None
+
     def tokenizer_text(self, n: int) -> str:
         return self.decoder.tokenizer.decode(self.generated[:n])
 
@@ -224,6 +283,8 @@ class RunningRequest:
         decoder, sampling = self.decoder, self.sampling
         if self.stop_at is None:
             decoder.flush()
+            if self.text_ends:  # the last bytes are the last token's
+                self.text_ends[-1] = len(decoder.text)
             if sampling.stop:
                 self.stop_at = find_stop(decoder.text, sampling.stop, self.emitted - self.stop_hold)
         return decoder.text if self.stop_at is None else decoder.text[: self.stop_at]

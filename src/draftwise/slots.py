@@ -150,6 +150,7 @@ class SlotPool:
             eos_ids=tokenizer.eos_token_ids if not sampling.ignore_eos or request.grammar else frozenset(),
             cancelled=request.cancelled,
             t_decode=time.perf_counter(),
+            trace=request.token_sources,
         )
         policy.begin(drafters, speculation)
         req.t_decode = time.perf_counter()  # the policy's set-up (a first calibration) is not decoding
@@ -172,6 +173,10 @@ class SlotPool:
         stats.skipped_drafters = dict(self.skipped_drafters)
         if req.grammar is not None:
             stats.num_masks, stats.mask_ms = req.grammar.num_masks, req.grammar.mask_ms
+        if self._target_time is not None and stats.num_steps:
+            # Plain decoding: a one-row forward per token, at the answer's middle context.
+            middle = len(req.prompt_ids) + len(req.generated) // 2
+            stats.estimated_plain_ms = (stats.num_generated + stats.num_eos) * self._target_time.ms(1, middle)
         result = Result(
             text=text,
             token_ids=req.generated,
@@ -179,5 +184,6 @@ class SlotPool:
             prompt_ids=req.prompt_ids,
             logprobs=None if req.sampling.logprobs is None else req.logprobs[: req.num_text_tokens()],
             prompt_logprobs=None if req.sampling.prompt_logprobs is None else req.prompt_logprobs,
+            spans=req.all_spans(len(text)),
         )
         return text[req.emitted :], result

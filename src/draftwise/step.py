@@ -221,6 +221,7 @@ def force(req: RunningRequest) -> Ready | list[int] | None:
         forced = forced[:-1]  # a forced EOS, which forced() leaves unconsumed: a row decides it
     req.stats.num_forced_tokens += len(forced)
     if ends and not scored:
+        req.pending_sources, req.pending_step = ("grammar",) * len(forced), (0, 0)
         return forced
     context = req.context + forced if forced else req.context
     max_k = min(target.n_ctx - len(context), remaining - len(forced) - 1)  # never past either
@@ -347,8 +348,9 @@ def verify(req: RunningRequest, drafted: Drafted, logits: np.ndarray) -> Verifie
 
 def commit(req: RunningRequest, verified: Verified, fwd: Forward, batch_size: int) -> list[int]:
     """6. Commit: keep the accepted draft tokens in the target cache and drop the rejected rest;
-    advance the grammar; record the step in the stats, the drafter and the policy. Returns the
-    forced + committed tokens (the request's push applies stop conditions)."""
+    advance the grammar; record the step in the stats, the drafter and the policy, and where
+    each token came from (req.pending_sources). Returns the forced + committed tokens (the
+    request's push applies stop conditions)."""
     drafted, verdict = verified.drafted, verified.verdict
     proposal, forced = drafted.draft, list(drafted.ready.forced)
     if verified.branch is not None:
@@ -357,6 +359,9 @@ def commit(req: RunningRequest, verified: Verified, fwd: Forward, batch_size: in
         req.slot.target.truncate(len(drafted.ready.context) + verdict.num_accepted)
     committed = verdict.committed(verified.draft_ids)
     req.pending_logprobs.extend(verified.logprobs)
+    accepted = (proposal.source,) * verdict.num_accepted
+    req.pending_sources = ("grammar",) * len(forced) + accepted + ("target",)
+    req.pending_step = (len(verified.draft_ids), verdict.num_accepted)
     if req.grammar is not None:
         req.grammar.consume([t for t in committed if t not in req.grammar.eos_token_ids])
     stats = StepStats(

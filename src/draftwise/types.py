@@ -316,6 +316,26 @@ class Verdict:
 
 
 @dataclass(frozen=True)
+class TokenSpan:
+    """A piece of an answer's text and the token that wrote it (docs/design.md section 5).
+
+    source: "target" (the target's own token: a plain step's, a correction, a bonus), "grammar"
+    (forced by the constraint: the only token it allows), or the drafter whose draft token the
+    target accepted ("ngram", "suffix", "draft", "prediction", "calls", "datastore", ...). step:
+    the target forward that committed it (from 1); drafted / accepted: that step's draft tokens
+    verified and kept. A token whose text ends mid-character gives its text to the next one;
+    a token's text may arrive in two spans when a stream holds part of it back (a stop string).
+    """
+
+    text: str
+    source: str
+    step: int
+    drafted: int
+    accepted: int
+    logprob: float | None = None  # when the request asks for logprobs
+
+
+@dataclass(frozen=True)
 class StepStats:
     """What one target verification step did (one target forward after the prompt)."""
 

@@ -85,6 +85,20 @@ def failure(event: JobFailed, constraint_param: str | None = None) -> APIError:
     return APIError(500, f"generation failed: {event.error}", type="server_error")
 
 
+def token_sources(spans) -> dict[str, Any]:
+    """A choice's `token_sources` extension field (none when the request did not ask): the
+    TokenSpans of its text as objects, logprob only where asked."""
+    if not spans:
+        return {}
+    rows = []
+    for s in spans:
+        row = {"text": s.text, "source": s.source, "step": s.step, "drafted": s.drafted, "accepted": s.accepted}
+        if s.logprob is not None:
+            row["logprob"] = round(s.logprob, 6)
+        rows.append(row)
+    return {"token_sources": rows}
+
+
 def _sse(chunk: Any, include_usage: bool) -> str:
     data = chunk.model_dump(mode="json")
     for choice in data["choices"]:
@@ -121,11 +135,16 @@ class ChatAnswer:
         finish: str | None = None,
         usage: p.Usage | None = None,
         entries=None,
+        spans=(),
     ) -> str:
         parts = (
             []
             if delta is None
-            else [p.ChatChunkChoice(index=index, delta=delta, finish_reason=finish, logprobs=entries)]
+            else [
+                p.ChatChunkChoice(
+                    index=index, delta=delta, finish_reason=finish, logprobs=entries, **token_sources(spans)
+                )
+            ]
         )
         chunk = p.ChatCompletionChunk(
             id=self.id, created=self.created, model=self.model_name, choices=parts, usage=usage
@@ -140,7 +159,9 @@ class ChatAnswer:
 
     def text_chunk(self, index: int, piece: Piece) -> str:
         if self.tools is None:
-            return self._chunk(index, p.ChatDelta(content=piece.text), entries=self._logprobs(piece.logprobs))
+            return self._chunk(
+                index, p.ChatDelta(content=piece.text), entries=self._logprobs(piece.logprobs), spans=piece.spans
+            )
         return deltas(self.tools.feed(index, piece.text), self._delta_chunk(index))
 
     def final_chunk(self, index: int, done: Finished) -> str:
@@ -165,7 +186,11 @@ class ChatAnswer:
         for i, d in enumerate(done):
             message, finish = self._message(d)
             entries = self._logprobs(d.result.logprobs or [])
-            parts.append(p.ChatChoice(index=i, message=message, finish_reason=finish, logprobs=entries))
+            parts.append(
+                p.ChatChoice(
+                    index=i, message=message, finish_reason=finish, logprobs=entries, **token_sources(d.result.spans)
+                )
+            )
         return p.ChatCompletion(
             id=self.id, created=self.created, model=self.model_name, usage=usage(done, self.body.n or 1), choices=parts
         )
@@ -184,10 +209,22 @@ class CompletionAnswer:
         self._sent: dict[int, int] = {}  # text sent per choice (logprobs' text_offset)
 
     def _chunk(
-        self, index: int, text: str | None, finish: str | None = None, usage: p.Usage | None = None, entries=None
+        self,
+        index: int,
+        text: str | None,
+        finish: str | None = None,
+        usage: p.Usage | None = None,
+        entries=None,
+        spans=(),
     ) -> str:
         parts = (
-            [] if text is None else [p.CompletionChoice(index=index, text=text, finish_reason=finish, logprobs=entries)]
+            []
+            if text is None
+            else [
+                p.CompletionChoice(
+                    index=index, text=text, finish_reason=finish, logprobs=entries, **token_sources(spans)
+                )
+            ]
         )
         chunk = p.Completion(
             id=self.jobs[0].id, created=self.created, model=self.model_name, choices=parts, usage=usage
@@ -220,7 +257,7 @@ class CompletionAnswer:
                 self.tokenizer, piece.logprobs, tokens, self.body.logprobs, offset=start
             )
         self._sent[index] = start + len(piece.text)
-        return self._chunk(index, prefix + piece.text, entries=_joined(head, entries))
+        return self._chunk(index, prefix + piece.text, entries=_joined(head, entries), spans=piece.spans)
 
     def final_chunk(self, index: int, done: Finished) -> str:
         prefix, head = self._echo(index, done.result.prompt_logprobs)  # an answer without text
@@ -240,7 +277,11 @@ class CompletionAnswer:
                 rows = [None, *(result.prompt_logprobs or []), *rows]
             entries = choices.completion_logprobs(self.tokenizer, rows, tokens, self.body.logprobs)
         return p.CompletionChoice(
-            index=index, text=prompt_text + result.text, finish_reason=finish_reason(done), logprobs=entries
+            index=index,
+            text=prompt_text + result.text,
+            finish_reason=finish_reason(done),
+            logprobs=entries,
+            **token_sources(result.spans),  # the generated text's (an echoed prompt has none)
         )
 
     def whole(self, done: list[Finished]) -> p.Completion:

@@ -67,7 +67,13 @@ async def submit(
                     one = prepared.choice(copy, ranked=per_prompt > (body.n or 1))
                     job = Job(job_id, endpoint, one.prompt_ids, tenant=tenant, predicted=one.prediction is not None)
                     await asyncio.to_thread(
-                        state.serving.submit, job, one.sampling, one.speculation, one.drafters, one.prediction
+                        state.serving.submit,
+                        job,
+                        one.sampling,
+                        one.speculation,
+                        one.drafters,
+                        one.prediction,
+                        one.token_sources,
                     )
                     jobs.append(job)
         except BaseException:

@@ -32,6 +32,11 @@ class SpeculationOptions(_Request):
     max_draft_tokens: int | None = Field(None, ge=1, le=256)
     drafters: list[str] | None = Field(None, description="Subset of the server's drafters by name, e.g. ['ngram'].")
     enabled: bool | None = None
+    sources: bool | None = Field(
+        None,
+        description="Return where each token came from: token_sources on each choice (chat and completions), "
+        "spans of text with their source (target, grammar or a drafter), step, drafted, accepted and logprob.",
+    )
 
 
 class ContentPart(_Request):
@@ -213,6 +218,8 @@ class AssistantMessage(BaseModel):
 
 
 class ChatChoice(BaseModel):
+    model_config = ConfigDict(extra="allow")  # token_sources, when the request asks (SpeculationOptions.sources)
+
     index: int = 0
     message: AssistantMessage
     finish_reason: FinishReason | None
@@ -236,6 +243,8 @@ class ChatDelta(BaseModel):
 
 
 class ChatChunkChoice(BaseModel):
+    model_config = ConfigDict(extra="allow")  # token_sources, when the request asks
+
     index: int = 0
     delta: ChatDelta
     finish_reason: FinishReason | None = None
@@ -253,6 +262,8 @@ class ChatCompletionChunk(BaseModel):
 
 
 class CompletionChoice(BaseModel):
+    model_config = ConfigDict(extra="allow")  # token_sources, when the request asks
+
     index: int = 0
     text: str
     finish_reason: FinishReason | None = None

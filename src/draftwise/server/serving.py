@@ -36,6 +36,7 @@ class Piece:
     text: str
     logprobs: tuple = ()  # the TokenLogprobs of the tokens this text completes (when asked)
     prompt_logprobs: tuple | None = None  # the prompt's, with a request's first piece (when asked)
+    spans: tuple = ()  # the TokenSpans of this text (when the request asks for token sources)
 
 
 @dataclass(frozen=True)
@@ -165,6 +166,7 @@ class Serving:
         speculation: SpeculationConfig | None,
         drafters: Sequence[str] | None,
         prediction: str | None = None,
+        token_sources: bool = False,
     ) -> Job:
         """Queue a job. Raises ConfigError/PromptTooLongError now, before anything is queued."""
         if self._closed:
@@ -178,6 +180,7 @@ class Serving:
             cancelled=job.is_cancelled,
             drafters=drafters,
             prediction=prediction,
+            token_sources=token_sources,
         )
         with self._submit_lock:  # submits run in worker threads: one bound check and put at a time
             waiting = self._queue.qsize() - self.num_free_slots  # a free slot takes a queued job next
@@ -254,7 +257,7 @@ class Serving:
                     job, _ = jobs[id(event.generation)]
                     if job.first_piece_at is None:
                         job.first_piece_at = time.monotonic()
-                    job.push(Piece(event.text, event.logprobs, event.prompt_logprobs))
+                    job.push(Piece(event.text, event.logprobs, event.prompt_logprobs, event.spans))
                 case Done():
                     job, cache_visible = self._release(event.generation, jobs)
                     self._finished(job, event.result, cache_visible)

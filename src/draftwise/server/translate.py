@@ -34,6 +34,7 @@ class EngineRequest:
     speculation: SpeculationConfig | None = None
     drafters: list[str] | None = None
     prediction: str | None = None
+    token_sources: bool = False  # the request asks where each token came from
 
     def choice(self, copy: int, *, ranked: bool = False) -> EngineRequest:
         """The request of choice `copy` (its own seed, see choices.choice_seed); ranked: its
@@ -93,7 +94,10 @@ def openai_request(
     # With no max_tokens a chat request may fill the context, as OpenAI's does.
     limit = max_tokens if max_tokens is not None else min(default_max_tokens or n_ctx, max(1, n_ctx - len(prompt_ids)))
     config, drafters = speculation(body.speculation, engine.speculation)
-    return EngineRequest(prompt_ids, _openai_sampling(body, limit, constraint), config, drafters, _prediction(body))
+    sources = bool(body.speculation and body.speculation.sources)
+    return EngineRequest(
+        prompt_ids, _openai_sampling(body, limit, constraint), config, drafters, _prediction(body), sources
+    )
 
 
 def chat_messages(body: p.ChatCompletionRequest) -> list[dict[str, Any]]:
