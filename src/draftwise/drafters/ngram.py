@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-from draftwise.drafters.base import BaseDrafter
+from draftwise.drafters.base import BaseDrafter, Follower, common_prefix
 from draftwise.types import Draft, TreeDraft
 
 MAX_CANDIDATES = 64  # occurrences scored per lookup (newest kept when there are more)
@@ -34,6 +34,7 @@ class NgramDrafter(BaseDrafter):
         self._tokens: list[int] = []
         self._index: dict[int, dict[tuple[int, ...], list[int]]] = {}
         self.last_match_length = 0
+        self._follow = Follower()
         self.reset()
 
     def reset(self) -> None:
@@ -43,17 +44,36 @@ class NgramDrafter(BaseDrafter):
     def for_slot(self, slot: int) -> NgramDrafter:
         return NgramDrafter(self.min_n, self.max_n, self.name)
 
+    def begin(self, sampling, speculation, prompt=(), tokenizer=None) -> None:
+        self._follow.begin()
+
     def _sync(self, context: Sequence[int]) -> None:
-        # The index survives from one request to the next only through this check (begin is a no-op).
+        # The index survives from one request to the next: a new request's context keeps what it
+        # shares with the last one, and only the rest is taken back (O(tokens dropped)).
         known = len(self._tokens)
-        if len(context) < known or list(context[:known]) != self._tokens:
-            self.reset()
-            known = 0
+        if not self._follow.trusts(len(context), known):
+            same = common_prefix(context, self._tokens)
+            if same < known:
+                self._truncate(same)
+                known = same
+            self._follow.compared()
         for i in range(known, len(context)):
             self._tokens.append(int(context[i]))
             for n, table in self._index.items():
                 if i + 1 >= n:  # n-gram ending at i; its continuation starts at i + 1
                     table[tuple(self._tokens[i + 1 - n : i + 1])].append(i + 1)
+
+    def _truncate(self, keep: int) -> None:
+        """Forget the tokens from `keep` on: each one's n-grams were the last entries appended."""
+        tokens = self._tokens
+        for i in range(len(tokens) - 1, keep - 1, -1):
+            for n, table in self._index.items():
+                if i + 1 >= n:
+                    key = tuple(tokens[i + 1 - n : i + 1])
+                    table[key].pop()
+                    if not table[key]:
+                        del table[key]
+        del tokens[keep:]
 
     def matches(self, context: Sequence[int]) -> list[tuple[int, int]]:
         """(start of continuation, backward match length) for the longest n with a match,

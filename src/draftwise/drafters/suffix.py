@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import defaultdict, deque
 from collections.abc import Sequence
 
-from draftwise.drafters.base import BaseDrafter
+from draftwise.drafters.base import BaseDrafter, Follower, common_prefix
 from draftwise.drafters.continuation import frequency_walk
 from draftwise.types import Draft
 
@@ -39,6 +39,7 @@ class SuffixDrafter(BaseDrafter):
         self._live_start = 0  # where the live (current) context begins in _tokens
         self.last_confidences: list[float] = []
         self.last_kind = ""  # "live" or "history": where the last match was found
+        self._follow = Follower()
 
     # ---------------------------------------------------------------- index upkeep
     def _append(self, token: int) -> None:
@@ -71,12 +72,16 @@ class SuffixDrafter(BaseDrafter):
                 total -= len(self._docs.popleft())
             self._rebuild()
 
+    def begin(self, sampling, speculation, prompt=(), tokenizer=None) -> None:
+        self._follow.begin()
+
     def _sync(self, context: Sequence[int]) -> None:
-        live = self._tokens[self._live_start :]
-        n = len(live)
-        if len(context) < n or list(context[:n]) != live:
-            self._retire_live()
-            n = 0
+        n = len(self._tokens) - self._live_start
+        if not self._follow.trusts(len(context), n):
+            if len(context) < n or common_prefix(context, self._tokens[self._live_start :]) < n:
+                self._retire_live()
+                n = 0
+            self._follow.compared()
         for t in context[n:]:
             self._append(int(t))
 
@@ -88,6 +93,7 @@ class SuffixDrafter(BaseDrafter):
         docs, tokens, index, live_start = state
         self._docs, self._tokens, self._live_start = deque(docs), list(tokens), live_start
         self._index = defaultdict(list, {k: list(v) for k, v in index.items()})
+        self._follow.checked = False  # the next context is compared with the restored one in full
 
     @property
     def num_history_tokens(self) -> int:
