@@ -29,6 +29,7 @@ def write_tiny_gguf(
     scale: float = 0.3,
     chat_template: str | None = None,
     fim: bool = False,
+    context_length: int = 32768,  # the trained window: any n_ctx a test asks for fits it by default
 ) -> Path:
     import gguf
 
@@ -36,7 +37,7 @@ def write_tiny_gguf(
     tokens = byte_chars() + ["<s>", "</s>"] + (FIM_TOKENS if fim else [])
     vocab = len(tokens)
     writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_context_length(512)
+    writer.add_context_length(context_length)
     writer.add_embedding_length(n_embd)
     writer.add_block_count(n_layers)
     writer.add_feed_forward_length(n_ff)

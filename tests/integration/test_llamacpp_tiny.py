@@ -89,6 +89,17 @@ def test_chat_template_and_prefix_reuse(target):
     assert second.stats.num_reused_tokens == second.stats.num_prompt_tokens - 1
 
 
+def test_a_context_beyond_the_trained_window_is_refused(tmp_path):
+    from tiny_gguf import write_tiny_gguf
+
+    path = write_tiny_gguf(tmp_path / "short.gguf", context_length=256)
+    with pytest.raises(ConfigError, match="beyond short.gguf's trained context window of 256 tokens; use --n-ctx 256"):
+        LlamaCppBackend(path, n_ctx=512, n_threads=1)
+    with pytest.raises(ConfigError, match="trained context window of 256"):
+        LlamaCppBackend(path, n_ctx=512, n_threads=1, slots=2)
+    assert LlamaCppBackend(path, n_ctx=256, n_threads=1).n_ctx == 256
+
+
 def test_tokenizer_mismatch_is_refused(tiny_gguf_dir, target, tmp_path):
     from tiny_gguf import write_tiny_gguf
 

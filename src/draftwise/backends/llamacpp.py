@@ -252,6 +252,13 @@ class LlamaCppBackend(_SequenceOps):
         except ValueError as exc:  # llama-cpp-python reports load failures as ValueError
             raise BackendError(f"llama.cpp could not load {path}: {exc}") from exc
         self._own_ctx = None
+        trained = C.llama_model_n_ctx_train(self._llm.model)
+        if 0 < trained < n_ctx:  # beyond it the model's positions are ones it never saw
+            self.close()
+            raise ConfigError(
+                f"n_ctx {n_ctx} is beyond {path.name}'s trained context window of {trained} tokens; "
+                f"use --n-ctx {trained} or less"
+            )
         if own_ctx:
             params = C.llama_context_default_params()
             # Every slot may fill a whole window of n_ctx: the shared cache holds them all.
