@@ -102,9 +102,8 @@ def _messages(client, record: dict, speculation: dict, max_tokens: int) -> tuple
         model="draftwise",
         messages=[{"role": "user", "content": record["turns"][0]}],
         tools=tools,
-        temperature=0,
         max_tokens=max_tokens,
-        extra_body={"speculation": speculation},
+        extra_body={"speculation": speculation, "temperature": 0},  # the SDK takes no temperature
         **kwargs,
     )
     text = "".join(b.text for b in answer.content if b.type == "text")

@@ -192,3 +192,22 @@ def test_tokenize_and_detokenize_in_llama_cpp_shape(server2):
     assert "eos_token" in httpx.get(f"{server2.url}/tokenizer_info").json()
     bad = httpx.post(f"{server2.url}/detokenize", json={"tokens": [10_000]})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+
+
+def test_more_choices_than_the_server_can_hold_are_a_400_before_anything_is_queued():
+    from draftwise.server import create_app
+    from tests.server.conftest import LiveServer
+
+    engine = make_engine(slots=2)
+    with LiveServer(engine, app=create_app(engine, MODEL, max_queue=3)) as live:
+        c = client(live.url)
+        for stream in (False, True):
+            with pytest.raises(openai.BadRequestError) as err:
+                c.completions.create(model=MODEL, prompt=["ab", "cd"], n=3, max_tokens=4, stream=stream)
+            assert err.value.body["code"] == "too_many_choices"
+            assert "6 choices (2 prompt(s) x 3)" in err.value.body["message"]
+            assert "at most 5" in err.value.body["message"]
+        assert live.app.state.serving.queue_length == 0 and not live.app.state.serving.running
+        # As many as it holds are served.
+        answer = c.completions.create(model=MODEL, prompt=["ab"], n=5, max_tokens=4)
+        assert len(answer.choices) == 5

@@ -59,6 +59,17 @@ async def submit(
     """
     job_id, jobs = f"{prefix}-{uuid.uuid4().hex[:24]}", []
     per_prompt = copies or body.n or 1
+    # More choices than the server can ever hold at once would meet a full queue (503) even on
+    # an idle server: that request can never be served, so it is a 400 before anything is queued.
+    capacity = state.serving.max_queue + state.engine.num_slots
+    if len(items) * per_prompt > capacity:
+        raise APIError(
+            400,
+            f"the request asks for {len(items) * per_prompt} choices ({len(items)} prompt(s) x {per_prompt}); "
+            f"this server holds at most {capacity} at once (--max-queue plus its slots)",
+            param="n",
+            code="too_many_choices",
+        )
     try:
         try:
             for item in items:
