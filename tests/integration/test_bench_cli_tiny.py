@@ -1,5 +1,5 @@
 """`draftwise bench` end to end through the CLI on tiny random GGUF models (llama.cpp): the
-model-loading path, memory probes, results.json, report.md, plots and --resume.
+model-loading path, memory probes, results.json, report.md, report.html, plots and --resume.
 """
 
 import json
@@ -47,6 +47,12 @@ def test_bench_cli_on_tiny_models(tiny_gguf_dir, tmp_path):
     )
     assert "| code_edit | ngram k=4 |" in (out / "report.md").read_text()
     assert (out / "speedup_by_category.png").exists()
+    assert f"html: {out / 'report.html'}" in result.output
+    html = (out / "report.html").read_text(encoding="utf-8")
+    assert 'data-source="target"' in html and "data:image/png;base64," in html
+    # The first prompt of each category keeps its answers' token sources, every method's.
+    traced = {(r["question_id"], r["method"]) for r in results["records"] if r.get("spans")}
+    assert traced == {(q, m) for q in (1, 2) for m in ("baseline", "draft", "ngram")}
 
     again = CliRunner().invoke(main, [*args, "--resume"])
     assert again.exit_code == 0, again.output

@@ -413,3 +413,19 @@ def test_fill_in_the_middle_prompts_run_as_infill_and_score_the_middle(tmp_path)
     report = render_markdown(results)
     assert "## Code completion (fill in the middle)" in report
     assert "| 0 | ngram k=4 | 2 | 50% |" in report
+
+
+def test_the_first_prompt_of_each_category_keeps_its_answers_token_sources(tmp_path):
+    prompts = [*PROMPTS, Prompt(14, "code", ("def mul(a, b): return a * b. now write div",))]
+    results = run(toy_engine(), tmp_path, prompts=prompts, methods=("baseline", "ngram"), temperatures=(0.0, 0.7))
+    traced = {(r["question_id"], r["turn"], r["temperature"], r["method"]) for r in results["records"] if "spans" in r}
+    # The first prompt of each category, its first turn, the first temperature; every method.
+    assert traced == {(q, 0, 0.0, m) for q in (11, 12, 13) for m in ("baseline", "ngram")}
+    for r in results["records"]:
+        if "spans" not in r:
+            continue
+        assert "".join(text for text, *_ in r["spans"]) == r["text"]
+        assert all(len(span) == 5 and span[2] >= 1 for span in r["spans"])
+        sources = {source for _, source, *_ in r["spans"]}
+        assert sources == {"target"} if r["method"] == "baseline" else sources <= {"target", "ngram"}
+        assert sources == {s for s, n in r["tokens_by_source"].items() if n}

@@ -155,6 +155,33 @@ def stability(records: Sequence[dict]) -> dict[str, dict]:
     return out
 
 
+def headline_speedups(group: Sequence[dict]) -> list[tuple[str, float | None]]:
+    """(variant, geometric-mean speedup over its records) for each method but the baseline."""
+    return [
+        (variant, geomean(r.get("speedup") for r in group if variant_label(r) == variant and not r.get("error")))
+        for variant in variant_order(group)
+        if variant != "baseline"
+    ]
+
+
+STABILITY_HEADERS = ("method", "prompts", "windows", "first window tok/s", "last window tok/s", "late/early")
+
+
+def stability_note(group: Sequence[dict]) -> str:
+    return (
+        f"Speed over the output (windows of {group[0].get('window_tokens', 32)} tokens; late/early = "
+        "mean tok/s of the second half of the windows / the first half, geometric mean over prompts):"
+    )
+
+
+def stability_rows(group: Sequence[dict]) -> list[tuple]:
+    """Per variant: prompts, windows, first and last window tok/s, late/early (stability above)."""
+    return [
+        (v, s["n"], s["windows"], f"{s['first']:.1f}", f"{s['last']:.1f}", f"{s['late_over_early']:.2f}")
+        for v, s in stability(group).items()
+    ]
+
+
 def markdown_table(headers: Sequence[str], rows: Iterable[Sequence]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]

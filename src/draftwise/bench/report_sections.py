@@ -75,6 +75,15 @@ def fim_rows(records: Sequence[dict]) -> list[tuple]:
 
 
 ACCOUNT_PARTS = ("forward", "draft", "masks", "force", "verify", "commit", "loop", "other")
+ACCOUNT_HEADERS = ("T", "method", *ACCOUNT_PARTS, "accounted", "ms/step")
+ACCOUNT_NOTE = (
+    "Per method, the share of the measured decode time in each part of the step (all prompts pooled): "
+    "forward (the target's forward passes), draft (planning and drafting, lookups included), masks "
+    "(grammar masks), force (forced tokens), verify (verification and sampling), commit (cache "
+    "truncation, grammar advance, stats), loop (the loop around the step: stop strings, detokenising), "
+    "other (the rest of the decode time, between steps). `accounted` is the share the measured parts (all "
+    "but other) add up to; ms/step is the decode time per step."
+)
 
 
 def difference_rows(records: Sequence[dict]) -> list[tuple]:
@@ -275,14 +284,9 @@ def time_account_section(records: Sequence[dict], meta: dict) -> list[str]:
         out += [
             "## Where the decode time goes",
             "",
-            "Per method, the share of the measured decode time in each part of the step (all prompts pooled): "
-            "forward (the target's forward passes), draft (planning and drafting, lookups included), masks "
-            "(grammar masks), force (forced tokens), verify (verification and sampling), commit (cache "
-            "truncation, grammar advance, stats), loop (the loop around the step: stop strings, detokenising), "
-            "other (the rest of the decode time, between steps). `accounted` is the share the measured parts (all "
-            "but other) add up to; ms/step is the decode time per step.",
+            ACCOUNT_NOTE,
             "",
-            markdown_table(("T", "method", *ACCOUNT_PARTS, "accounted", "ms/step"), account),
+            markdown_table(ACCOUNT_HEADERS, account),
             "",
         ]
     return out

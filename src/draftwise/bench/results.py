@@ -1,16 +1,18 @@
 """The bench's results file: its format tag, atomic saves, loading for a resume (refused when
-the settings differ), and the unit a resume skips whole (a prompt at one context and temperature).
+the settings differ), the unit a resume skips whole (a prompt at one context and temperature),
+and the compact form of an answer's token sources.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from draftwise.types import ConfigError
+from draftwise.types import ConfigError, TokenSpan
 
 FORMAT = "draftwise-bench/1"
 
@@ -49,6 +51,22 @@ def check_same_run(results: dict, config: dict, meta: dict, path: Path) -> None:
     for key in ("target", "draft_model"):
         if key in meta and results.get("meta", {}).get(key) != meta[key]:
             raise ConfigError(f"cannot resume {path}: {key} was {results['meta'].get(key)!r}, now {meta[key]!r}")
+
+
+def compact_spans(spans: Sequence[TokenSpan]) -> list[list]:
+    """An answer's TokenSpans as stored: [text, source, step, drafted, accepted] lists, the
+    consecutive spans of one source in one step joined (a step's accepted draft is one span).
+
+    Example: spans "a"/ngram/step 1, "b"/ngram/step 1, "c"/target/step 1 ->
+    [["ab", "ngram", 1, 2, 2], ["c", "target", 1, 2, 2]].
+    """
+    out: list[list] = []
+    for s in spans:
+        if out and out[-1][1] == s.source and out[-1][2] == s.step:
+            out[-1][0] += s.text
+        else:
+            out.append([s.text, s.source, s.step, s.drafted, s.accepted])
+    return out
 
 
 def norm(value: Any) -> Any:

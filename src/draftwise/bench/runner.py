@@ -3,7 +3,9 @@
 Per prompt (and padded context length): one short warm-up per drafter, so every
 measured run starts with the prompt cached; then, per temperature, all method variants
 run back to back on that prompt, `repeats` times, keeping the median run. results.json
-is rewritten after every prompt, so an interrupted run keeps what it finished.
+is rewritten after every prompt, so an interrupted run keeps what it finished. The first
+prompt of each category (first turn, first temperature and context) keeps its answers' token
+sources, every method's, for the HTML report.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from draftwise.bench.prompts import Prompt, filler_for, pad_prompt
 from draftwise.bench.results import (
     FORMAT,
     check_same_run,
+    compact_spans,
     load_results,
     norm,
     now,
@@ -151,6 +154,8 @@ class BenchRunner:
         self.drafter_objects = {d.name: d for d in engine.drafters}
         self.methods = parse_methods(config.methods, list(self.drafter_objects))
         self.variants = self._variants()
+        # The prompts whose answers keep their token sources: the first of each category.
+        self.traced = {p.category: p.question_id for p in reversed(self.prompts)}
         meta = dict(meta or {})
         meta.setdefault("drafters", list(self.drafter_objects))
         meta.setdefault("host", host_info())
@@ -338,6 +343,7 @@ class BenchRunner:
             key=lambda vi: (self.variants[vi].method.enabled, not self.variants[vi].method.constrained),
         )
         schema = original.json_schema
+        traced = self._traced(original, ctx, temperature)
         ids = self._fim_ids(prompt)
         tools = original.tools
         plan = tool_calls.plan_for(self.engine.tokenizer, tools, original.tool_choice) if tools else None
@@ -367,6 +373,7 @@ class BenchRunner:
                         variant,
                         original.prediction_for(turn),
                         prompt_ids=turn_ids,
+                        token_sources=traced and turn == 0,
                     )
                     runs.setdefault((vi, turn), []).append(run)
                     if self.progress:
@@ -395,6 +402,16 @@ class BenchRunner:
             r.pop("_prompt", None)
             r.pop("_sampling", None)
         return records
+
+    def _traced(self, prompt: Prompt, ctx: int | None, temperature: float) -> bool:
+        """Whether this prompt's first answers keep their token sources (a per-token decode)."""
+        cfg = self.config
+        first_ctx = cfg.context_lengths[0] if cfg.context_lengths else None
+        return (
+            self.traced.get(prompt.category) == prompt.question_id
+            and ctx == first_ctx
+            and temperature == cfg.temperatures[0]
+        )
 
     def _record(
         self,
@@ -479,6 +496,7 @@ class BenchRunner:
         variant: Variant,
         prediction: str | None = None,
         prompt_ids: list[int] | None = None,
+        token_sources: bool = False,
     ) -> dict:
         engine = self.engine
         try:
@@ -489,6 +507,7 @@ class BenchRunner:
                 speculation=variant.speculation(),
                 drafters=list(variant.method.drafters) or None,
                 prediction=prediction,
+                token_sources=token_sources,
             )
             clock, competing = WindowClock(), CompetingLoad()
             for piece in gen:
@@ -501,7 +520,7 @@ class BenchRunner:
         windows = clock.windows(
             result.token_ids, engine.tokenizer.decode, stats.prefill_ms / 1000, self.config.window_tokens
         )
-        return {
+        run = {
             "error": None,
             "new_tokens": stats.num_generated,
             **stats.to_dict(),
@@ -520,6 +539,9 @@ class BenchRunner:
             "_prompt": (prompt_ids, messages),  # encoded only if an answer differs (_explain_differences)
             "_sampling": sampling,
         }
+        if result.spans is not None:
+            run["spans"] = compact_spans(result.spans)
+        return run
 
 
 def _constrained(sampling: SamplingParams, schema: Any, variant: Variant) -> SamplingParams:

@@ -100,7 +100,9 @@ SAMPLING = SamplingParams()
 )
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="bench-out", show_default=True)
 @click.option("--resume", is_flag=True, help="Continue the results.json in --out, skipping finished prompts.")
-@click.option("--report-only", is_flag=True, help="Only rewrite report.md and the plots from --out/results.json.")
+@click.option(
+    "--report-only", is_flag=True, help="Only rewrite report.md, report.html and the plots from --out/results.json."
+)
 @click.option("--datastore", default=None, help="A retrieval datastore (draftwise index build): drafter 'datastore'.")
 @model_options
 @friendly_errors
@@ -134,7 +136,7 @@ def bench(
     dtype,
     device,
 ) -> None:
-    """Benchmark methods per task category; writes results.json, report.md and PNG plots to --out."""
+    """Benchmark methods per task category; writes results.json, report.md, report.html and PNG plots to --out."""
     from draftwise.bench import prompts as bench_prompts
     from draftwise.bench import report as bench_report
     from draftwise.bench.engine_setup import calibration_meta, load_bench_engine
@@ -144,7 +146,8 @@ def bench(
     out = Path(out_dir)
     if report_only:
         results = load_results(out / "results.json")
-        click.echo(f"report: {bench_report.write_report(results, out)}", err=True)
+        path = bench_report.write_report(results, out)
+        click.echo(f"report: {path}\nhtml: {path.with_name(bench_report.HTML_NAME)}", err=True)
         _print_bench_tables(results)
         return
     if suite and prompts_file:
@@ -222,7 +225,7 @@ def bench(
     finally:
         # An interrupted run still gets a report of what it finished.
         path = bench_report.write_report(runner.results, out)
-        click.echo(f"results: {runner.path}\nreport: {path}", err=True)
+        click.echo(f"results: {runner.path}\nreport: {path}\nhtml: {path.with_name(bench_report.HTML_NAME)}", err=True)
     _print_bench_tables(results)
 
 
