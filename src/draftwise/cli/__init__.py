@@ -1,16 +1,18 @@
-"""Command line: draftwise pull | generate | complete | demo | calibrate | bench | bench-serve | replay | serve | index.
+"""Command line: draftwise pull | generate | chat | complete | demo | calibrate | bench |
+bench-serve | replay | serve | index.
 
 A thin client of the public API, one module per command group: generate.py (generate, demo),
-complete.py (fill in the middle at a cursor), serve.py (serve, also on Ray), bench.py (bench,
-bench-serve), replay.py, models.py (pull, calibrate, index); common.py holds what they share. Bad
-arguments end with a one-line message and a non-zero exit status, never a traceback.
+chat.py (a conversation in the terminal, tokens coloured by source), complete.py (fill in the
+middle at a cursor), serve.py (serve, also on Ray), bench.py (bench, bench-serve), replay.py,
+models.py (pull, calibrate, index); common.py holds what they share. Bad arguments end with a
+one-line message and a non-zero exit status, never a traceback.
 """
 
 from __future__ import annotations
 
 import click
 
-from draftwise.cli import bench, complete, generate, models, replay, serve
+from draftwise.cli import bench, chat, complete, generate, models, replay, serve
 
 __all__ = ["main"]
 
@@ -24,6 +26,7 @@ def main() -> None:
 for command in (
     models.pull,
     generate.generate,
+    chat.chat,
     complete.complete,
     generate.demo,
     serve.serve,
