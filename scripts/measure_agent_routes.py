@@ -206,7 +206,7 @@ def main() -> None:
         )
     (args.out / "report.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    engine.close()
+
 
 
 if __name__ == "__main__":
