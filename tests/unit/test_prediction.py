@@ -134,3 +134,23 @@ def test_engine_takes_the_prediction_as_text():
     )
     assert result.token_ids == expected.token_ids
     assert result.stats.num_accepted == result.stats.drafted_by["prediction"] > 0
+
+
+@pytest.mark.parametrize("policy", ["fixed", "heuristic"])
+def test_the_simple_policies_draft_from_a_prediction_wherever_its_drafter_is_listed(policy):
+    engine = Engine(ToyBackend(TARGET), [NgramDrafter(1, 3), PredictionDrafter()])
+    prompt = [1, 2, 3]
+    expected = plain(engine, prompt)
+    with_prediction = engine.generate(
+        prompt_ids=prompt,
+        sampling=SamplingParams(max_tokens=60),
+        speculation=SpeculationConfig(policy=policy, max_draft_tokens=4, prediction=expected),
+    )
+    assert with_prediction.token_ids == expected
+    assert set(with_prediction.stats.drafted_by) == {"prediction"}
+    without = engine.generate(
+        prompt_ids=prompt,
+        sampling=SamplingParams(max_tokens=60),
+        speculation=SpeculationConfig(policy=policy, max_draft_tokens=4),
+    )
+    assert set(without.stats.drafted_by) <= {"ngram"}  # the first drafter, as before

@@ -203,8 +203,6 @@ class ChatSession:
         stopped by Ctrl-C stays in the conversation as far as it went (unless it had not begun)."""
         prediction, self.prediction = self.prediction, None
         speculation = self.speculation if self.speculate else replace(self.speculation, enabled=False)
-        # The fixed and heuristic policies draft with the first drafter only: the prediction's.
-        drafters = ("prediction",) if prediction and speculation.policy != "auto" else None
         messages = self.messages(user)
         self._stop = threading.Event()
         try:
@@ -213,7 +211,6 @@ class ChatSession:
                 sampling=self.sampling,
                 speculation=speculation,
                 prediction=prediction,
-                drafters=drafters,
                 token_sources=True,
                 cancelled=self._stop.is_set,
             )

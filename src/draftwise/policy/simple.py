@@ -1,6 +1,8 @@
 """The two simple policies: `fixed` (always k = max_draft_tokens with the first drafter) and
 `heuristic` (k moved by the last step's acceptance: x1.2 above 0.9, x0.8 below 0.7, within
-[k_min, k_max]). Neither knows what a step costs; `auto` (auto.py) does.
+[k_min, k_max]). Neither knows what a step costs; `auto` (auto.py) does. A request that carries a
+prediction drafts from it (the prediction drafter, wherever it is in the list): it is the text
+the caller said the answer copies.
 """
 
 from __future__ import annotations
@@ -12,6 +14,15 @@ from draftwise.policy.base import Plan, PlanState
 from draftwise.types import SpeculationConfig, StepStats
 
 
+def one_drafter(drafters: Sequence[Drafter], speculation: SpeculationConfig) -> Drafter | None:
+    """The drafter a simple policy drafts with: the prediction's when the request has one, else the first."""
+    if not drafters or not speculation.enabled:
+        return None
+    if speculation.prediction:
+        return next((d for d in drafters if d.name == "prediction"), drafters[0])
+    return drafters[0]
+
+
 class FixedPolicy:
     name = "fixed"
 
@@ -21,7 +32,7 @@ class FixedPolicy:
         self._branches = 1
 
     def begin(self, drafters: Sequence[Drafter], speculation: SpeculationConfig) -> None:
-        self._drafter = drafters[0] if drafters and speculation.enabled else None
+        self._drafter = one_drafter(drafters, speculation)
         self._k = speculation.max_draft_tokens
         self._branches = speculation.max_branches
 
@@ -55,7 +66,7 @@ class HeuristicPolicy:
         self._k_min = 1
 
     def begin(self, drafters: Sequence[Drafter], speculation: SpeculationConfig) -> None:
-        self._drafter = drafters[0] if drafters and speculation.enabled else None
+        self._drafter = one_drafter(drafters, speculation)
         self._k = float(speculation.max_draft_tokens)
         self._k_min = speculation.min_draft_tokens
         self.k_max = max(self.k_max, speculation.max_draft_tokens)
