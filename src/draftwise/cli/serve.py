@@ -38,7 +38,7 @@ GRACEFUL_SHUTDOWN_S = 10
     "--api-key",
     "api_keys",
     multiple=True,
-    help="Require 'Authorization: Bearer KEY' on every route but /health; repeat for several tenants "
+    help="Require 'Authorization: Bearer KEY' on every route but /health and the chat page; repeat for several tenants "
     "(one tenant is never told how much of its prompt another's request left cached).",
 )
 @click.option(

@@ -3,9 +3,9 @@
 It builds the app's ServerState (state.py) and mounts the routers: OpenAI's routes with
 /health and /metrics (openai_routes.py), llama.cpp's /infill (infill.py) and /tokenize
 (tokenizer_routes.py), Ollama's /api/* (ollama_routes.py), Anthropic's /v1/messages
-(anthropic_routes.py), OpenAI's Responses (responses_routes.py); errors.install adds the error
-handlers and the Guard middleware, and OllamaErrors and AnthropicErrors around it word /api/*'s
-and /v1/messages' errors as theirs.
+(anthropic_routes.py), OpenAI's Responses (responses_routes.py), the chat page at / and /ui/*
+(page_routes.py); errors.install adds the error handlers and the Guard middleware, and
+OllamaErrors and AnthropicErrors around it word /api/*'s and /v1/messages' errors as theirs.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from draftwise.server import (
     infill,
     ollama_routes,
     openai_routes,
+    page_routes,
     responses_routes,
     tokenizer_routes,
 )
@@ -77,13 +78,22 @@ def create_app(
     )
     app.state.server = state
     app.state.serving = serving
-    errors.install(app, metrics, keys, metrics_key=metrics_key, log_content=log_content, body_timeout_s=body_timeout_s)
+    errors.install(
+        app,
+        metrics,
+        keys,
+        metrics_key=metrics_key,
+        log_content=log_content,
+        body_timeout_s=body_timeout_s,
+        public=page_routes.is_public,
+    )
     app.add_middleware(ollama_routes.OllamaErrors)  # added last: it wraps the Guard
     app.add_middleware(anthropic_routes.AnthropicErrors)  # so does this one
     app.include_router(openai_routes.router)
     app.include_router(tokenizer_routes.router)
     app.include_router(infill.router)
     app.include_router(ollama_routes.router)
+    app.include_router(page_routes.router)
     app.include_router(anthropic_routes.router)
     responses_routes.mount(app)
     return app

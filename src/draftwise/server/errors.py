@@ -109,7 +109,8 @@ def infill_refusal(exc: BaseException) -> APIError | None:
 
 
 class Guard:
-    """ASGI middleware: bearer-token check (every route but /health), the metrics key on
+    """ASGI middleware: bearer-token check (every route but /health and the `public` ones: the
+    chat page, page_routes.is_public), the metrics key on
     /metrics, a body size cap on the bytes actually read (Content-Length or chunked), a
     deadline for the body, and the last word on unexpected errors: a 500 in OpenAI's shape,
     logged by type and place only, never by message (messages can quote the request), unless
@@ -128,9 +129,10 @@ class Guard:
         metrics_key: str | None = None,
         log_content: bool = False,
         body_timeout_s: float = BODY_TIMEOUT_S,
+        public: Callable[[str, str, str], bool] = lambda _method, _path, _accept: False,
     ) -> None:
         self.app, self.api_keys, self.reply, self.log_content = app, api_keys, reply, log_content
-        self.metrics_key, self.body_timeout_s = metrics_key, body_timeout_s
+        self.metrics_key, self.body_timeout_s, self.public = metrics_key, body_timeout_s, public
 
     @staticmethod
     def _key_index(headers: dict, keys: tuple[str, ...]) -> int | None:
@@ -143,6 +145,11 @@ class Guard:
             if hmac.compare_digest(token.strip(), key.encode()):
                 found = i
         return found
+
+    def _keyless(self, scope, headers: dict) -> bool:
+        """/health and the public requests answer without a key."""
+        accept = headers.get(b"accept", b"").decode("latin-1")
+        return scope["path"] == "/health" or self.public(scope["method"], scope["path"], accept)
 
     def _refusal(self, scope, headers: dict) -> APIError | None:
         """Why the request is refused before the app sees it (API key, metrics key, size), if it is."""
@@ -162,7 +169,7 @@ class Guard:
                 "only" + ("" if self.metrics_key else ", and this server was started without one"),
                 code="permission_denied",
             )
-        if self.api_keys and tenant is None and scope["path"] != "/health":
+        if self.api_keys and tenant is None and not self._keyless(scope, headers):
             return APIError(
                 401, "missing or invalid API key (send 'Authorization: Bearer KEY')", code="invalid_api_key"
             )
@@ -252,8 +259,10 @@ def install(
     metrics_key: str | None = None,
     log_content: bool = False,
     body_timeout_s: float = BODY_TIMEOUT_S,
+    public: Callable[[str, str, str], bool] = lambda _method, _path, _accept: False,
 ) -> Callable[[APIError], JSONResponse]:
-    """Register the handlers and the guard on app; returns `reply(error) -> JSONResponse`."""
+    """Register the handlers and the guard on app; returns `reply(error) -> JSONResponse`.
+    public(method, path, accept): the requests that need no key (by default none)."""
 
     def reply(error: APIError) -> JSONResponse:
         metrics.observe_error(error.status, error.type)
@@ -271,6 +280,7 @@ def install(
         metrics_key=metrics_key,
         log_content=log_content,
         body_timeout_s=body_timeout_s,
+        public=public,
     )
 
     @app.exception_handler(APIError)

@@ -104,6 +104,13 @@ class ServerMetrics:
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
             registry=r,
         )
+        self.last_batch_rows = Gauge(
+            "draftwise_last_batch_rows", "Target rows in the last batched forward (the chat page's panel).", registry=r
+        )
+
+    def observe_batch(self, rows: int) -> None:
+        self.batch_rows.observe(rows)
+        self.last_batch_rows.set(rows)
 
     def track_queue(self, queue_length: Callable[[], int], running: Callable[[], int]) -> None:
         self.queue_length.set_function(queue_length)

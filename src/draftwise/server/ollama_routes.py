@@ -1,6 +1,7 @@
 """Ollama's routes beside the OpenAI ones: /api/chat and /api/generate (NDJSON streams by
-default), /api/tags, /api/show, /api/ps, /api/version, /api/pull, and `/`, which Ollama's CLI
-probes; `OllamaErrors`, the middleware that answers their errors in Ollama's shape.
+default), /api/tags, /api/show, /api/ps, /api/version, /api/pull; `OllamaErrors`, the middleware
+that answers their errors in Ollama's shape. `/`, which Ollama's CLI probes, is page_routes.py's:
+"Ollama is running", except to a browser, which gets the chat page.
 
 A request is translated (ollama_translate.py) and becomes a Job on the same Serving queue as
 /v1's, under the same API keys, tenant isolation, queue bound and body limits; its answer
@@ -17,7 +18,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse
 
 from draftwise.constraints import Constraint
 from draftwise.models import REGISTRY
@@ -161,11 +162,6 @@ async def pull(body: o.PullRequest, state: State):
             yield a.line(status)
 
     return ndjson_response(lines())
-
-
-@router.api_route("/", methods=["GET", "HEAD"], response_class=PlainTextResponse, include_in_schema=False)
-async def running() -> str:
-    return "Ollama is running"  # what Ollama's CLI and clients check for
 
 
 # ---------------------------------------------------------------------- errors in Ollama's shape

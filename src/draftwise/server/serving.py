@@ -318,7 +318,7 @@ class Serving:
             except BaseException:  # never let one step kill the worker: the queue would hang
                 logger.exception("unexpected failure in a batched step")
                 events = batcher.fail(None, RuntimeError("internal error"))
-            self.metrics.batch_rows.observe(batcher.last_rows)
+            self.metrics.observe_batch(batcher.last_rows)
             self._route(events, jobs)
         while not self._queue.empty():  # answer whatever arrived during shutdown
             job = self._queue.get_nowait()
