@@ -306,10 +306,10 @@ def test_a_huge_prediction_never_holds_the_event_loop(start_server):
     serving, health_while_tokenising = live.app.state.serving, []
     submit = serving.submit  # checks and tokenises the prediction (Engine.stream)
 
-    def submit_asking_health(job, sampling, speculation, drafters, prediction=None):
+    def submit_asking_health(job, sampling, speculation, drafters, prediction=None, *rest):
         if prediction is not None:
             health_while_tokenising.append(httpx.get(f"{live.url}/health", timeout=10).json())
-        return submit(job, sampling, speculation, drafters, prediction)
+        return submit(job, sampling, speculation, drafters, prediction, *rest)
 
     serving.submit = submit_asking_health
     with (
