@@ -3,8 +3,9 @@
 (anthropic-python, as Claude Code calls it), speculation auto against plain, in one run on one
 server.
 
-Per prompt and route: one warm-up request (the prompt enters the cache), then plain and auto back
-to back, so drift hits both alike. tok/s is the server's decode speed of that answer
+One server per route (fresh drafters' history), the suite's prompts in order; per prompt one
+warm-up request (the prompt enters the cache), then plain and auto back to back, so drift hits
+both alike. tok/s is the server's decode speed of that answer
 (usage.speculative.tokens_per_second: generated tokens over decode time, prefill excluded);
 speedup is auto over plain per prompt, geometric mean per route. Greedy; the answers of plain and
 auto are compared (identical) and each call is checked against its tool's schema.
@@ -134,19 +135,22 @@ def main() -> None:
     import openai
 
     records = [json.loads(line) for line in SUITE.read_text().splitlines() if line.strip()]
-    server, url, engine = _serve(args.max_tokens)
-    oa = openai.OpenAI(base_url=f"{url}/v1", api_key="none", timeout=600)
-    an = anthropic.Anthropic(base_url=url, api_key="none", timeout=600)
-    routes = {
-        "chat": lambda r, s: _chat(oa, r, s, args.max_tokens),
-        "responses": lambda r, s: _responses(oa, r, s, args.max_tokens),
-        "messages": lambda r, s: _messages(an, r, s, args.max_tokens),
-    }
+    routes = {"chat": _chat, "responses": _responses, "messages": _messages}
     rows = []
-    for record in records:
-        for route, call in routes.items():
-            call(record, PLAIN)  # warm-up: the prompt enters the cache
-            got = {mode: call(record, spec) for mode, spec in (("plain", PLAIN), ("auto", AUTO))}
+    for route, call in routes.items():
+        # A fresh server per route: the suffix drafter's history holds this route's earlier
+        # answers only, as it would for an agent speaking one protocol.
+        server, url, _ = _serve(args.max_tokens)
+        client = (
+            anthropic.Anthropic(base_url=url, api_key="none", timeout=600)
+            if route == "messages"
+            else openai.OpenAI(base_url=f"{url}/v1", api_key="none", timeout=600)
+        )
+        for record in records:
+            call(client, record, PLAIN, args.max_tokens)  # warm-up: the prompt enters the cache
+            got = {
+                mode: call(client, record, spec, args.max_tokens) for mode, spec in (("plain", PLAIN), ("auto", AUTO))
+            }
             (pt, pc, ps), (at, ac, as_) = got["plain"], got["auto"]
             rows.append(
                 {
@@ -158,6 +162,7 @@ def main() -> None:
                     "num_generated": as_["num_generated"],
                     "acceptance": round(as_["acceptance_rate"], 3),
                     "tokens_per_step": round(as_["tokens_per_step"], 3),
+                    "tokens_by_source": as_.get("tokens_by_source", {}),
                     "identical": (pt, pc) == (at, ac),
                     "calls": [name for name, _ in ac],
                     "calls_valid": _valid(pc, record) and _valid(ac, record),
@@ -165,7 +170,8 @@ def main() -> None:
                 }
             )
             print(json.dumps(rows[-1]), flush=True)
-    server.should_exit = True
+        server.should_exit = True
+        time.sleep(1)
     cpu = next(
         (line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
         platform.processor(),
@@ -191,8 +197,8 @@ def main() -> None:
     lines = [
         "# The tool_calls suite through chat completions, Responses and Messages",
         "",
-        f"Host {meta['host']}; commit {commit}; greedy, max_tokens {args.max_tokens}; one server, "
-        "drafters ngram, suffix, grammar, prediction, calls; per prompt and route a warm-up, then plain "
+        f"Host {meta['host']}; commit {commit}; greedy, max_tokens {args.max_tokens}; one fresh server per "
+        "route, drafters ngram, suffix, grammar, prediction, calls; per prompt a warm-up, then plain "
         "and auto back to back. `python scripts/measure_agent_routes.py`.",
         "",
         "| route | n | plain tok/s | auto tok/s | speedup (geomean) | identical | calls valid | decision |",
@@ -206,7 +212,6 @@ def main() -> None:
         )
     (args.out / "report.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-
 
 
 if __name__ == "__main__":
