@@ -99,6 +99,22 @@ def test_system_as_string_and_as_blocks_is_chat_completions_system(live, claude)
     assert tokens > claude.messages.count_tokens(model=MODEL, messages=HELLO).input_tokens
 
 
+def test_a_system_message_mid_conversation_is_a_system_message_where_it_stands(live, claude):
+    """Claude Code sends one after the first user turn (the mid-conversation-system beta)."""
+    turns = [
+        {"role": "user", "content": [{"type": "text", "text": "hello"}]},
+        {"role": "system", "content": "be brief"},
+    ]
+    chat_turns = [{"role": "user", "content": "hello"}, {"role": "system", "content": "be brief"}]
+    v1 = client(live.url).chat.completions.create(model=MODEL, messages=chat_turns, temperature=0, max_tokens=20)
+    message = create(claude, messages=turns, max_tokens=20)
+    assert message.content[0].text == v1.choices[0].message.content
+    tokens = claude.messages.count_tokens(model=MODEL, messages=turns).input_tokens
+    assert tokens == v1.usage.prompt_tokens
+    with pytest.raises(anthropic.BadRequestError, match="messages.1.content.0"):
+        create(claude, messages=[HELLO[0], {"role": "system", "content": [{"type": "image", "source": {}}]}])
+
+
 def test_stream_text_events(claude):
     with claude.messages.stream(model=MODEL, max_tokens=60, messages=HELLO, extra_body=GREEDY) as stream:
         events = list(stream)

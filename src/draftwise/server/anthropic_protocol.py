@@ -35,7 +35,9 @@ class Block(_Request):
 
 
 class Message(_Request):
-    role: Literal["user", "assistant"]
+    # "system": a system message in the middle of the conversation (the mid-conversation-system
+    # beta, which Claude Code sends: text only); it goes to the chat template where it stands.
+    role: Literal["user", "assistant", "system"]
     content: str | list[Block]
 
 

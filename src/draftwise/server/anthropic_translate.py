@@ -60,6 +60,9 @@ def chat_messages(body: CountTokensRequest) -> list[dict[str, Any]]:
         out.append({"role": "system", "content": _text(body.system, "system")})
     for i, message in enumerate(body.messages):
         where = f"messages.{i}.content"
+        if message.role == "system":
+            out.append({"role": "system", "content": _text(message.content, where)})
+            continue
         blocks = [Block(type="text", text=message.content)] if isinstance(message.content, str) else message.content
         texts, calls = [], []
         for j, block in enumerate(blocks):
