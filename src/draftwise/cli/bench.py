@@ -182,11 +182,7 @@ def bench(
         min_p=min_p,
         ignore_eos=ignore_eos,
     )
-    # Room for the longest prompt (padded or shipped) plus two turns of output.
-    needed = (max(config.context_lengths) if config.context_lengths else 1536) + 2 * max_tokens + 256
-    if needed > n_ctx:
-        click.echo(f"note: raising --n-ctx from {n_ctx} to {needed} to fit the prompts and --max-tokens", err=True)
-        n_ctx = needed
+    n_ctx = _fitting_context(config, n_ctx)
     if not any(not m.enabled for m in specs):
         click.echo("note: no baseline among the methods, so speedup and identical are not computed", err=True)
     options = replace(load_options(backend, n_ctx, threads, dtype, device), n_seq_max=max(config.branches))
@@ -227,6 +223,14 @@ def bench(
         path = bench_report.write_report(runner.results, out)
         click.echo(f"results: {runner.path}\nreport: {path}\nhtml: {path.with_name(bench_report.HTML_NAME)}", err=True)
     _print_bench_tables(results)
+
+
+def _fitting_context(config, n_ctx: int) -> int:
+    """n_ctx, raised (with a note) to hold the longest prompt (padded or shipped) plus two turns of output."""
+    needed = (max(config.context_lengths) if config.context_lengths else 1536) + 2 * config.max_tokens + 256
+    if needed > n_ctx:
+        click.echo(f"note: raising --n-ctx from {n_ctx} to {needed} to fit the prompts and --max-tokens", err=True)
+    return max(n_ctx, needed)
 
 
 def _print_bench_tables(results: dict) -> None:
