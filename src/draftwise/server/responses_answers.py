@@ -13,7 +13,7 @@ import uuid
 from typing import Any
 
 from draftwise.server import answers
-from draftwise.server.responses_protocol import ResponsesRequest
+from draftwise.server.responses_protocol import ResponsesRequest, namespaces, split_name
 from draftwise.server.serving import Finished, Piece
 from draftwise.server.tools import ChatTools
 from draftwise.tools import StreamEvent
@@ -47,15 +47,22 @@ def message_item(text: str, status: str = "completed", item_id: str | None = Non
     }
 
 
-def call_item(call_id: str, name: str, arguments: str, status: str = "completed") -> dict[str, Any]:
-    return {
+def call_item(
+    call_id: str, name: str, arguments: str, status: str = "completed", namespaces: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """A function_call item; a call of a namespace's function names its namespace apart."""
+    short, namespace = split_name(name, namespaces)
+    item = {
         "type": "function_call",
         "id": "fc_" + call_id.removeprefix("call_"),
         "call_id": call_id,
-        "name": name,
+        "name": short,
         "arguments": arguments,
         "status": status,
     }
+    if namespace:
+        item["namespace"] = namespace
+    return item
 
 
 class ResponseAnswer:
@@ -71,6 +78,7 @@ class ResponseAnswer:
         self.output: list[dict[str, Any]] = []  # the items streamed so far
         self.text: dict[int, str] = {}  # streamed text per message item (by output index)
         self.open: int | None = None  # the output index of the item being streamed
+        self.namespaces = namespaces(body.tools)
 
     # ------------------------------------------------------------------ objects
     def response(self, status: str, output: list[dict], done: Finished | None = None) -> dict[str, Any]:
@@ -115,7 +123,7 @@ class ResponseAnswer:
             parsed = self.tools.parse(text)
             if parsed.content or not parsed.calls:
                 output.append(message_item(parsed.content or "", status))
-            output += [call_item(c.id, c.name, c.arguments) for c in parsed.calls]
+            output += [call_item(c.id, c.name, c.arguments, namespaces=self.namespaces) for c in parsed.calls]
         return self.response(status, output, done)
 
     # ------------------------------------------------------------------ events
@@ -195,7 +203,7 @@ class ResponseAnswer:
             elif e.name is not None:
                 out += self._close()
                 self.open = len(self.output)
-                item = call_item(e.id, e.name, "", "in_progress")
+                item = call_item(e.id, e.name, "", "in_progress", self.namespaces)
                 self.output.append(item)
                 out.append(self._event("response.output_item.added", output_index=self.open, item=item))
             elif e.arguments and self.open is not None:

@@ -112,3 +112,20 @@ class ResponseStore:
 
     def delete(self, tenant: int | None, response_id: str) -> bool:
         return self._by_tenant.get(tenant, {}).pop(response_id, None) is not None
+
+
+NAMESPACE_SEP = "__"  # a namespace's function as the model sees it: "{namespace}__{name}"
+
+
+def qualified(name: str, namespace: str | None) -> str:
+    return f"{namespace}{NAMESPACE_SEP}{name}" if namespace else name
+
+
+def split_name(name: str, namespaces: frozenset[str]) -> tuple[str, str | None]:
+    """A called name -> (name, namespace): "crm__find" -> ("find", "crm") when crm is a namespace."""
+    head, sep, tail = name.partition(NAMESPACE_SEP)
+    return (tail, head) if sep and head in namespaces else (name, None)
+
+
+def namespaces(tools: list[dict[str, Any]] | None) -> frozenset[str]:
+    return frozenset(t["name"] for t in tools or () if t.get("type") == "namespace")

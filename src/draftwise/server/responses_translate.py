@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from draftwise.server import protocol as p
 from draftwise.server.errors import APIError
-from draftwise.server.responses_protocol import ResponsesRequest
+from draftwise.server.responses_protocol import ResponsesRequest, qualified
 
 # Content part types read as text, by the role whose message carries them.
 _TEXT_PARTS = ("input_text", "output_text", "text")
@@ -52,6 +52,15 @@ def refuse_unsupported(body: ResponsesRequest) -> None:
         raise _refuse("text.verbosity", "text.verbosity is not supported by this server; leave it out")
     for i, tool in enumerate(body.tools or ()):
         kind = tool.get("type")
+        if kind == "namespace":
+            inner = tool.get("tools") or []
+            bad = next((j for j, t in enumerate(inner) if not isinstance(t, dict) or t.get("type") != "function"), None)
+            if bad is None and isinstance(tool.get("name"), str):
+                continue
+            raise _refuse(
+                f"tools[{i}].tools[{bad}].type" if bad is not None else f"tools[{i}].name",
+                f"tools[{i}] is a namespace: it needs a name, and only function tools inside it are supported",
+            )
         if kind != "function":
             raise _refuse(
                 f"tools[{i}].type",
@@ -61,13 +70,23 @@ def refuse_unsupported(body: ResponsesRequest) -> None:
 
 
 def function_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-    """Flat Responses function tools -> chat's {"type": "function", "function": {...}}.
+    """Flat Responses function tools -> chat's {"type": "function", "function": {...}}; a namespace's
+    functions (Codex groups its sub-agent tools so) become "{namespace}__{name}".
     Example: {"type": "function", "name": "f", "parameters": {...}, "strict": true} ->
     {"type": "function", "function": {"name": "f", "parameters": {...}, "strict": true}}."""
     if not tools:
         return None
     keys = ("name", "description", "parameters", "strict")
-    return [{"type": "function", "function": {k: t[k] for k in keys if t.get(k) is not None}} for t in tools]
+    out = []
+    for tool in tools:
+        namespace = tool["name"] if tool.get("type") == "namespace" else None
+        for t in tool.get("tools") or [] if namespace else [tool]:
+            function = {k: t[k] for k in keys if t.get(k) is not None}
+            function["name"] = qualified(t.get("name", ""), namespace)
+            if namespace and tool.get("description"):
+                function["description"] = f"{tool['description']} {t.get('description', '')}".strip()
+            out.append({"type": "function", "function": function})
+    return out
 
 
 def chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
@@ -128,7 +147,7 @@ def input_messages(raw: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "id": item["call_id"],
                 "type": "function",
                 "function": {
-                    "name": item["name"],
+                    "name": qualified(item["name"], item.get("namespace")),
                     "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments or {}),
                 },
             }
