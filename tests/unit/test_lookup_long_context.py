@@ -10,8 +10,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from draftwise.backends.base import common_prefix_length
 from draftwise.drafters import NgramDrafter
-from draftwise.drafters.base import common_prefix
 from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.types import SamplingParams, SpeculationConfig
 
@@ -41,7 +41,7 @@ def test_taking_tokens_back_leaves_the_index_a_fresh_build_would_have(first, sec
 
 @given(a=st.lists(st.integers(0, 3), max_size=40), b=st.lists(st.integers(0, 3), max_size=40))
 def test_common_prefix(a, b):
-    n = common_prefix(a, b)
+    n = common_prefix_length(a, b)
     assert a[:n] == b[:n]
     assert n == min(len(a), len(b)) or a[n] != b[n]
 

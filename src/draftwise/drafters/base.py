@@ -105,22 +105,6 @@ class BaseDrafter:
         pass
 
 
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading tokens a and b share. Slice comparisons run in C; a mismatch is found by
-    halving, so a 28k-token context costs a few slice comparisons, not a Python loop."""
-    n = min(len(a), len(b))
-    if list(a[:n]) == list(b[:n]):
-        return n
-    lo, hi = 0, n - 1  # a[:lo] == b[:lo]; a[:hi + 1] != b[:hi + 1]
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if list(a[:mid]) == list(b[:mid]):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
 class Follower:
     """When a lookup drafter's index may trust the context it is shown. Within one request the
     context only grows (committed tokens are final), so after the request's first context was

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-from draftwise.drafters.base import BaseDrafter, Follower, common_prefix
+from draftwise.backends.base import common_prefix_length
+from draftwise.drafters.base import BaseDrafter, Follower
 from draftwise.types import Draft, TreeDraft
 
 MAX_CANDIDATES = 64  # occurrences scored per lookup (newest kept when there are more)
@@ -52,7 +53,7 @@ class NgramDrafter(BaseDrafter):
         # shares with the last one, and only the rest is taken back (O(tokens dropped)).
         known = len(self._tokens)
         if not self._follow.trusts(len(context), known):
-            same = common_prefix(context, self._tokens)
+            same = common_prefix_length(context, self._tokens)
             if same < known:
                 self._truncate(same)
                 known = same

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections import defaultdict, deque
 from collections.abc import Sequence
 
-from draftwise.drafters.base import BaseDrafter, Follower, common_prefix
+from draftwise.backends.base import common_prefix_length
+from draftwise.drafters.base import BaseDrafter, Follower
 from draftwise.drafters.continuation import frequency_walk
 from draftwise.types import Draft
 
@@ -78,7 +79,7 @@ class SuffixDrafter(BaseDrafter):
     def _sync(self, context: Sequence[int]) -> None:
         n = len(self._tokens) - self._live_start
         if not self._follow.trusts(len(context), n):
-            if len(context) < n or common_prefix(context, self._tokens[self._live_start :]) < n:
+            if len(context) < n or common_prefix_length(context, self._tokens[self._live_start :]) < n:
                 self._retire_live()
                 n = 0
             self._follow.compared()
