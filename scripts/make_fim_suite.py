@@ -6,7 +6,8 @@ and in C, C++ and JavaScript lines inside a function whose braces and parenthese
 after a statement ends. The prompt is up to 256 lines before the cut and the suffix up to 64 after,
 as llama.vim sends them; the reference is the removed text. The choice is seeded by the file's
 name, so a rerun on the same files writes the same suite. The files and their licences are listed
-in SOURCES below and in suites/README.md.
+in SOURCES below and in suites/README.md. The cutting functions live in draftwise.bench.corpus_code,
+which the development corpus (`draftwise corpus`) shares.
 
     scripts/make_fim_suite.py [--out src/draftwise/bench/suites/fim.jsonl]
 """
@@ -14,14 +15,14 @@ in SOURCES below and in suites/README.md.
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import random
-import re
 import sysconfig
 from pathlib import Path
 
-LINES_BEFORE, LINES_AFTER, MAX_CUT = 256, 64, 6
+from draftwise.bench.corpus_code import MAX_CUT, brace_cuts, is_code, python_cuts
+
+LINES_BEFORE, LINES_AFTER = 256, 64
 FIRST_ID = 1301
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 LLAMA_CPP = Path("/tmp/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp")
@@ -64,95 +65,6 @@ SOURCES = [
     ("javascript", NPM, "npm-package-arg/lib/npa.js", "ISC"),
     ("javascript", NPM, "hosted-git-info/lib/index.js", "ISC"),
 ]
-
-
-def python_cuts(text: str) -> list[tuple[int, int]]:
-    """(first line, last line), 0-based inclusive: runs of whole statements in a function body
-    (the docstring excluded) spanning 1..MAX_CUT lines."""
-    out = []
-    for node in ast.walk(ast.parse(text)):
-        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            continue
-        blocks = [node.body] + [
-            getattr(inner, field)
-            for inner in ast.walk(node)
-            if inner is not node and isinstance(inner, ast.stmt)
-            for field in ("body", "orelse", "finalbody")
-            if isinstance(getattr(inner, field, None), list)
-        ]
-        for block in blocks:
-            stmts = [
-                s
-                for s in block
-                if not (
-                    isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant) and isinstance(s.value.value, str)
-                )
-                and not isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
-            ]
-            for i in range(len(stmts)):
-                for j in range(i, len(stmts)):
-                    first, last = stmts[i].lineno - 1, stmts[j].end_lineno - 1
-                    if last - first + 1 > MAX_CUT:
-                        break
-                    out.append((first, last))
-    return out
-
-
-HEADER = re.compile(r"^(\s*)(?!(if|for|while|switch|else|do|catch|return|try)\b)[^;#/*]*\([^;]*\)[^;]*\{\s*$")
-
-
-def brace_cuts(text: str) -> list[tuple[int, int]]:
-    """Cuts inside functions of C, C++ or JavaScript: a header line ending in "{" (or followed by a
-    line holding only "{") opens a body
-    that ends at the "}" with the header's indentation; a cut's lines are indented deeper, its
-    brackets balance, its first line is not blank, and the line before it ends a statement or
-    opens a block."""
-    lines = text.split("\n")
-    out = []
-    for h, line in enumerate(lines):
-        match = HEADER.match(line)
-        if not match and line.strip() == "{" and h and HEADER.match(lines[h - 1] + " {"):
-            match = re.match(r"(\s*)", line)  # K&R: the brace on its own line under the header
-        if not match:
-            continue
-        indent = match.group(1)
-        end = next(
-            (e for e in range(h + 1, len(lines)) if re.fullmatch(re.escape(indent) + r"\};?\s*", lines[e])), None
-        )
-        if end is None:
-            continue
-        for first in range(h + 1, end):
-            before = lines[first - 1].rstrip()
-            if not (before.endswith((";", "{", "}")) or not before.strip()):
-                continue
-            for last in range(first, min(first + MAX_CUT, end)):
-                cut = lines[first : last + 1]
-                if any(s.strip() and len(s) - len(s.lstrip()) <= len(indent) for s in cut):
-                    break
-                if cut[0].strip() and balanced("\n".join(cut)) and cut[-1].rstrip().endswith((";", "}")):
-                    out.append((first, last))
-    return out
-
-
-def balanced(text: str) -> bool:
-    """Every bracket closes one the text opened (strings and comments are not told apart).
-    Example: "f(a[0]);" -> True; "}\\nelse {" -> False."""
-    depth = {"{": 0, "(": 0, "[": 0}
-    closes = {"}": "{", ")": "(", "]": "["}
-    for c in text:
-        if c in depth:
-            depth[c] += 1
-        elif c in closes:
-            depth[closes[c]] -= 1
-            if depth[closes[c]] < 0:
-                return False
-    return not any(depth.values())
-
-
-def is_code(lines: list[str]) -> bool:
-    """Not blank or comments only, and some line with a few characters of code."""
-    code = [s.strip() for s in lines if s.strip() and not s.strip().startswith(("#", "//", "/*", "*"))]
-    return bool(code) and max(len(s) for s in code) >= 12
 
 
 def make_cut(language: str, root: Path, path: str, licence: str, question_id: int) -> dict:

@@ -254,6 +254,10 @@ class Draft:
     # Which of a drafter's sources the proposal came from (suffix: "live" context or
     # "history"); the auto policy estimates acceptance separately for each kind.
     kind: str = ""
+    # Where in the drafter's own text the proposal's first token was copied from (a lookup's
+    # source position; -1: not a copy). The auto policy tells a copy that resumes after an edit
+    # (its source continues where a long copy broke off) from a new one.
+    origin: int = -1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "token_ids", tuple(int(t) for t in self.token_ids))
@@ -271,7 +275,7 @@ class Draft:
         if len(self.token_ids) <= k:
             return self
         probs = None if self.draft_probs is None else self.draft_probs[:k]
-        return Draft(self.token_ids[:k], probs, self.source, self.score, self.kind)
+        return Draft(self.token_ids[:k], probs, self.source, self.score, self.kind, self.origin)
 
 
 @dataclass(frozen=True)

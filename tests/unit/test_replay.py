@@ -172,3 +172,69 @@ def test_cli_replay_bad_arguments(tiny_gguf_dir, tmp_path, args, message):
     out = _results(tmp_path, str(tiny_gguf_dir / "target.gguf"))
     result = CliRunner().invoke(main, ["replay", str(out), *args])
     assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+
+
+def test_places_in_the_copies():
+    from draftwise.bench.replay import Positions, places
+
+    def at(correct):
+        n = len(correct)
+        return places(Positions(tuple(correct), ("x",) * n, (False,) * n))
+
+    assert at([0, 3, 2, 1, 0]) == ["none", "start", "early", "early", "none"]
+    # A 20-token copy, one token no drafter gets right (an edit), then the copy resumes.
+    copy = list(range(20, 0, -1))
+    where = at([*copy, 0, 5, 4, 3, 2, 1])
+    assert where[:17] == ["start", *["early"] * 15, "deep"] and where[20:22] == ["none", "resume"]
+    # A short copy before the edit makes the next one a plain start.
+    assert at([3, 2, 1, 0, 4, 3, 2, 1])[4] == "start"
+
+
+def test_gaps_say_where_the_oracle_gains():
+    from draftwise.bench.replay import gaps
+
+    tok = CharTokenizer(96)
+    runs = replay(PROMPTS, ANSWERS, tok, {"ngram": [NgramDrafter()]}, CURVE, count_lookups=False, detail=True)
+    copy = next(r for r in runs if r.question_id == 1)
+    # Both schedules cover the answer exactly, and their times are the run's.
+    for steps in (copy.steps, copy.oracle_steps):
+        assert steps[0].pos == 0 and sum(s.accepted + 1 for s in steps) == copy.num_tokens
+        assert all(a.pos + a.accepted + 1 == b.pos for a, b in zip(steps, steps[1:]))
+    assert sum(s.ms for s in copy.steps) == pytest.approx(copy.ms)
+    assert sum(s.ms for s in copy.oracle_steps) == pytest.approx(copy.oracle_ms)
+    found = gaps(runs)
+    assert sum(g.tokens for g in found.values()) == sum(r.num_tokens for r in runs)
+    assert sum(g.policy_ms for g in found.values()) == pytest.approx(sum(r.ms for r in runs))
+    assert sum(g.oracle_ms for g in found.values()) == pytest.approx(sum(r.oracle_ms for r in runs))
+    assert sum(g.policy_steps for g in found.values()) == sum(r.num_steps for r in runs)
+    assert {place for place, _ in found} <= {"none", "start", "resume", "early", "deep"}
+    lines = gaps(runs, by_line_start=True)
+    assert any(place.endswith("@line") for place, _ in lines)  # the code's lines start after "\n"
+
+
+def test_reference_answers_of_a_prompt_file():
+    from draftwise.bench.replay import reference_answers
+
+    prompts = [Prompt(1, "edit", ("Repeat:\n" + CODE,), reference=CODE), Prompt(2, "chat", ("Hi",))]
+    assert reference_answers(prompts) == {(1, 0): CODE}
+    with pytest.raises(ConfigError, match="reference"):
+        reference_answers(prompts[1:])
+
+
+def test_cli_replays_a_prompt_files_references_with_gaps(tiny_gguf_dir, tmp_path):
+    prompts = tmp_path / "dev.jsonl"
+    prompts.write_text(json.dumps(Prompt(1, "edit", ("Repeat:\n" + CODE,), reference=CODE).to_dict()) + "\n")
+    curve = tmp_path / "curve.json"
+    curve.write_text(json.dumps(CostCurve(((1, 30.0), (64, 200.0))).to_dict()))
+    args = ["replay", "--prompts", str(prompts), "--target", str(tiny_gguf_dir / "target.gguf"), "--free-lookups"]
+    result = CliRunner().invoke(main, [*args, "--curve", str(curve), "--gaps", "--json"])
+    assert result.exit_code == 0, result.output
+    got = json.loads(result.output)
+    assert got["all"]["ngram"]["oracle_speedup"] >= got["all"]["ngram"]["speedup"]
+    assert got["gaps"] and {"place", "drafter", "gap_share"} <= set(got["gaps"][0])
+    table = CliRunner().invoke(main, [*args, "--curve", str(curve), "--gaps"])
+    assert table.exit_code == 0 and "where the hindsight optimum gains" in table.output
+    missing = CliRunner().invoke(main, args)
+    assert missing.exit_code == 2 and "--curve" in missing.output
+    nothing = CliRunner().invoke(main, ["replay"])
+    assert nothing.exit_code == 2 and "RESULTS" in nothing.output

@@ -331,3 +331,17 @@ def _encode_inside(tokenizer: Tokenizer, text: str, *, parse_special: bool, newl
     if newline and ids[: len(newline)] == newline:
         return ids[len(newline) :]
     return tokenizer.encode(text, add_special=False, parse_special=parse_special)
+
+
+_LINE_ENDS: dict[int, tuple[object, frozenset[int]]] = {}
+
+
+def line_end_tokens(tokenizer: Tokenizer, vocab_size: int) -> frozenset[int]:
+    """The token ids whose text ends with a newline (computed once per tokenizer: ~0.4 s for a
+    150k vocabulary). The auto policy rates a lookup's token that starts a line apart."""
+    cached = _LINE_ENDS.get(id(tokenizer))
+    if cached is not None and cached[0] is tokenizer:
+        return cached[1]
+    ends = frozenset(i for i in range(vocab_size) if tokenizer.decode([i]).endswith("\n"))
+    _LINE_ENDS[id(tokenizer)] = (tokenizer, ends)
+    return ends

@@ -44,6 +44,29 @@ from draftwise.types import ConfigError, SamplingParams, SpeculationConfig, Step
 
 
 @dataclass(frozen=True)
+class Step:
+    """One target forward of a replayed schedule: it starts at answer position `pos`, verifies
+    `drafted` tokens of `drafter`'s proposal, of which `accepted` are right, and commits
+    accepted + 1 tokens in `ms`."""
+
+    pos: int
+    drafter: str
+    drafted: int
+    accepted: int
+    ms: float
+
+
+@dataclass(frozen=True)
+class Positions:
+    """Per answer position p: the longest correct proposal of any drafter at p (`correct`), the
+    drafter that made it ('' when none was right), and whether p starts a line."""
+
+    correct: tuple[int, ...]
+    best: tuple[str, ...]
+    line_start: tuple[bool, ...]
+
+
+@dataclass(frozen=True)
 class ReplayRun:
     """One answer replayed with one drafter set."""
 
@@ -56,6 +79,11 @@ class ReplayRun:
     ms: float  # modelled decode time
     plain_ms: float  # the same answer decoded plainly
     oracle_ms: float = 0.0  # the cheapest schedule of this set's proposals, in hindsight
+    # With `detail`: the policy's steps and the oracle's, and per answer position what the drafters
+    # could get right (Positions), for gaps() to say where the oracle's extra speed comes from.
+    steps: tuple[Step, ...] = ()
+    oracle_steps: tuple[Step, ...] = ()
+    positions: Positions | None = None
 
     @property
     def speedup(self) -> float:
@@ -79,6 +107,15 @@ def baseline_answers(results: dict) -> dict[tuple[int, int], str]:
             out[(r["question_id"], r["turn"])] = r["text"]
     if not out:
         raise ConfigError("the results hold no greedy baseline answers to replay (run the bench with 'baseline')")
+    return out
+
+
+def reference_answers(prompts: Sequence[Prompt]) -> dict[tuple[int, int], str]:
+    """(question_id, 0) -> the prompt's reference answer, for one-turn prompts whose reference is
+    a string (what an edit, a quote or a filled middle should be: `draftwise corpus` writes them)."""
+    out = {(p.question_id, 0): p.reference for p in prompts if isinstance(p.reference, str) and p.reference}
+    if not out:
+        raise ConfigError("the prompts hold no reference answers to replay (a string 'reference' per prompt)")
     return out
 
 
@@ -106,17 +143,32 @@ def replay(
     seed: int = 0,
     max_k: int = MAX_K,
     oracle: bool = False,
+    detail: bool = False,
+    policy_options: Mapping[str, object] | None = None,
+    line_ends: frozenset[int] = frozenset(),
 ) -> list[ReplayRun]:
     """Replay every answered turn of `prompts` with each drafter set under its own AutoPolicy
-    (drafting up to max_k tokens); with `oracle`, also each set's hindsight optimum.
+    (drafting up to max_k tokens); with `oracle`, also each set's hindsight optimum; with
+    `detail` (implies oracle), both schedules step by step (for gaps()). `policy_options` are
+    passed to every AutoPolicy (experiments with its settings); `line_ends`, the tokens that end
+    a line (backends.base.line_end_tokens), tell the policy where lines start, as live.
 
     Example: an answer that copies a code block from its prompt replays at over one token
     per step with {"ngram": [NgramDrafter()]} and exactly one with a set that never matches.
     """
     share = LOOKUP_SHARE if count_lookups else math.inf
     policies = {
-        name: AutoPolicy(target_cost=curve, calibrate=False, lookup_share=share, max_k=max_k) for name in drafter_sets
+        name: AutoPolicy(
+            target_cost=curve,
+            calibrate=False,
+            lookup_share=share,
+            max_k=max_k,
+            line_ends=line_ends,
+            **dict(policy_options or {}),
+        )
+        for name in drafter_sets
     }
+    oracle = oracle or detail
     rng = random.Random(seed)
     runs: list[ReplayRun] = []
     for prompt in prompts:
@@ -134,16 +186,18 @@ def replay(
                 prediction=tokenizer.encode(predicted, add_special=False) if predicted else ()
             )
             for name, drafters in drafter_sets.items():
-                best_ms = 0.0
+                best: Schedule | None = None
                 if oracle:
                     saved = [d.snapshot() if isinstance(d, SuffixDrafter) else None for d in drafters]
-                    best_ms = oracle_ms(drafters, speculation, prompt_ids, answer_ids, curve, max_k)
+                    newlines = line_ends or newline_tokens(tokenizer, [*prompt_ids[-1:], *answer_ids])
+                    best = oracle_schedule(drafters, speculation, prompt_ids, answer_ids, curve, max_k, newlines)
                     for d, state in zip(drafters, saved):
                         if state is not None:
                             d.restore(state)
-                steps, ms = _replay_one(
+                steps = _replay_one(
                     policies[name], drafters, speculation, prompt_ids, answer_ids, curve, count_lookups, noise, rng
                 )
+                ms = sum(s.ms for s in steps)
                 runs.append(
                     ReplayRun(
                         prompt.category,
@@ -151,13 +205,25 @@ def replay(
                         turn,
                         name,
                         len(answer_ids),
-                        steps,
+                        len(steps),
                         ms,
                         sum(curve.ms(1, len(prompt_ids) + pos) for pos in range(len(answer_ids))),
-                        best_ms,
+                        best.ms if best else 0.0,
+                        tuple(steps) if detail else (),
+                        best.steps if detail and best else (),
+                        best.positions if detail and best else None,
                     )
                 )
     return runs
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The hindsight optimum of one answer: its modelled time, its steps, and the positions."""
+
+    ms: float
+    steps: tuple[Step, ...]
+    positions: Positions
 
 
 def oracle_ms(
@@ -168,20 +234,33 @@ def oracle_ms(
     curve: CostCurve,
     max_k: int,
 ) -> float:
-    """The least modelled time in which these drafters' proposals could have produced the answer.
+    """The least modelled time in which these drafters' proposals could have produced the answer
+    (oracle_schedule's). Example: an answer its one drafter always proposes in full costs
+    curve(len(answer)) at max_k >= len(answer) - 1."""
+    return oracle_schedule(drafters, speculation, prompt_ids, answer_ids, curve, max_k).ms
+
+
+def oracle_schedule(
+    drafters: Sequence[Drafter],
+    speculation: SpeculationConfig,
+    prompt_ids: list[int],
+    answer_ids: list[int],
+    curve: CostCurve,
+    max_k: int,
+    newlines: frozenset[int] = frozenset(),
+) -> Schedule:
+    """The cheapest schedule of plain steps and verified prefixes of these drafters' proposals.
 
     correct[p] = the longest correct proposal of any drafter at position p (each proposes once
     per position, as the context grows one token at a time); then best[p] = min(curve(1) +
     best[p + 1], min over 1 <= k <= correct[p] of curve(k + 1) + best[p + k + 1]), each forward
     priced at its position's context.
-    Example: an answer its one drafter always proposes in full costs curve(len(answer)) at
-    max_k >= len(answer) - 1.
     """
     sampling = SamplingParams()
     for d in drafters:
         d.begin(sampling, speculation)
     n = len(answer_ids)
-    correct = [0] * n
+    correct, source = [0] * n, [""] * n
     for pos in range(n):
         context = prompt_ids + answer_ids[:pos]
         limit = min(max_k, n - pos - 1)
@@ -189,12 +268,29 @@ def oracle_ms(
             if limit <= 0:
                 break
             draft = d.propose(context, limit)
-            correct[pos] = max(correct[pos], common_prefix_length(draft.token_ids[:limit], answer_ids[pos:]))
+            right = common_prefix_length(draft.token_ids[:limit], answer_ids[pos:])
+            if right > correct[pos]:
+                correct[pos], source[pos] = right, d.name
     best = [0.0] * (n + 1)
+    choice = [0] * n
     for pos in range(n - 1, -1, -1):
         context = len(prompt_ids) + pos
-        best[pos] = min(curve.ms(k + 1, context) + best[pos + k + 1] for k in range(correct[pos] + 1))
-    return best[0]
+        costs = [curve.ms(k + 1, context) + best[pos + k + 1] for k in range(correct[pos] + 1)]
+        choice[pos] = min(range(len(costs)), key=costs.__getitem__)
+        best[pos] = costs[choice[pos]]
+    steps, pos = [], 0
+    while pos < n:
+        k = choice[pos]
+        steps.append(Step(pos, source[pos] if k else "none", k, k, best[pos] - best[pos + k + 1]))
+        pos += k + 1
+    previous = [prompt_ids[-1] if prompt_ids else -1, *answer_ids[:-1]]
+    line_start = tuple(t in newlines for t in previous)
+    return Schedule(best[0], tuple(steps), Positions(tuple(correct), tuple(source), line_start))
+
+
+def newline_tokens(tokenizer, ids: Sequence[int]) -> frozenset[int]:
+    """The tokens among `ids` whose text ends a line."""
+    return frozenset(t for t in set(ids) if tokenizer.decode([t]).endswith("\n"))
 
 
 def _replay_one(
@@ -207,12 +303,13 @@ def _replay_one(
     count_lookups: bool,
     noise: float,
     rng: random.Random,
-) -> tuple[int, float]:
-    """One answer under one policy: (target steps, modelled ms)."""
+) -> list[Step]:
+    """One answer under one policy, step by step."""
     policy.begin(drafters, speculation)
     for d in drafters:
         d.begin(SamplingParams(), speculation)
-    steps, ms, pos = 0, 0.0, 0
+    steps: list[Step] = []
+    pos = 0
     while pos < len(answer_ids):
         context = prompt_ids + answer_ids[:pos]
         t0 = time.perf_counter()
@@ -237,10 +334,10 @@ def _replay_one(
                 planned_k=plan.k,
             )
         )
-        steps += 1
-        ms += lookup_ms + verify_ms
+        name = plan.drafter.name if proposal else "none"
+        steps.append(Step(pos, name, len(proposal), accepted, lookup_ms + verify_ms))
         pos += accepted + 1
-    return steps, ms
+    return steps
 
 
 def summarize(runs: Sequence[ReplayRun]) -> dict[str, dict[str, dict[str, float]]]:
@@ -265,3 +362,95 @@ def summarize(runs: Sequence[ReplayRun]) -> dict[str, dict[str, dict[str, float]
 def _geomean(values) -> float:
     values = list(values)
     return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+# Where in a copy a position lies, for gaps(): no drafter right there, the first position of a
+# copied stretch (a `resume` when a long copy ended just before: an edit inside copied text), its
+# first EARLY tokens, or deeper.
+RESUME_WITHIN, LONG_COPY, EARLY = 8, 16, 16
+PLACES = ("none", "start", "resume", "early", "deep")
+
+
+def places(positions: Positions) -> list[str]:
+    """Each answer position's place in the copies its drafters could make (PLACES).
+
+    Example: correct = (0, 3, 2, 1, 0) -> none, start, early, early, none."""
+    correct = positions.correct
+    out: list[str] = []
+    copy_start, last_end, last_length = -1, -(10**9), 0
+    for p, right in enumerate(correct):
+        covered = p > 0 and correct[p - 1] >= 2  # the proposal made one position earlier reaches p
+        if covered:
+            out.append("early" if p - copy_start < EARLY else "deep")
+            continue
+        if copy_start >= 0:  # the copy that reached p - 1 ended there
+            last_end, last_length, copy_start = p - 1, p - copy_start, -1
+        if right == 0:
+            out.append("none")
+            continue
+        resumed = p - last_end <= RESUME_WITHIN and last_length >= LONG_COPY
+        out.append("resume" if resumed else "start")
+        copy_start = p
+    return out
+
+
+@dataclass
+class Gap:
+    """The policy's and the oracle's time on the positions of one place (and drafter)."""
+
+    tokens: int = 0
+    policy_ms: float = 0.0
+    oracle_ms: float = 0.0
+    policy_steps: int = 0  # steps that start here
+    policy_drafted: int = 0
+    policy_accepted: int = 0
+    policy_plain: int = 0  # steps that start here and draft nothing
+    oracle_steps: int = 0
+    oracle_drafted: int = 0
+
+    @property
+    def gap_ms(self) -> float:
+        return self.policy_ms - self.oracle_ms
+
+
+def _per_position_ms(steps: Sequence[Step], n: int) -> list[float]:
+    """Each step's time spread evenly over the tokens it commits."""
+    out = [0.0] * n
+    for s in steps:
+        span = range(s.pos, min(n, s.pos + s.accepted + 1))
+        for p in span:
+            out[p] = s.ms / len(span)
+    return out
+
+
+def gaps(runs: Sequence[ReplayRun], by_line_start: bool = False) -> dict[tuple[str, str], Gap]:
+    """(place, drafter that could copy there) -> Gap, over every run replayed with `detail`
+    (with by_line_start, the place is suffixed '@line' at line starts). Where the hindsight
+    optimum's extra speed comes from: the gap_ms of each place, and the steps both take there.
+    """
+    out: dict[tuple[str, str], Gap] = defaultdict(Gap)
+    for run in runs:
+        if run.positions is None:
+            continue
+        where = places(run.positions)
+        n = len(where)
+        policy_ms = _per_position_ms(run.steps, n)
+        oracle_ms = _per_position_ms(run.oracle_steps, n)
+        lines = run.positions.line_start if by_line_start else (False,) * n
+        keys = [(where[p] + ("@line" if lines[p] else ""), run.positions.best[p] or "-") for p in range(n)]
+        for p in range(n):
+            g = out[keys[p]]
+            g.tokens += 1
+            g.policy_ms += policy_ms[p]
+            g.oracle_ms += oracle_ms[p]
+        for s in run.steps:
+            g = out[keys[s.pos]]
+            g.policy_steps += 1
+            g.policy_drafted += s.drafted
+            g.policy_accepted += s.accepted
+            g.policy_plain += s.drafted == 0
+        for s in run.oracle_steps:
+            g = out[keys[s.pos]]
+            g.oracle_steps += 1
+            g.oracle_drafted += s.drafted
+    return dict(out)

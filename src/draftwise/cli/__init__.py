@@ -1,18 +1,19 @@
 """Command line: draftwise pull | generate | chat | complete | demo | calibrate | bench |
-bench-serve | replay | serve | index.
+bench-serve | replay | corpus | serve | index.
 
 A thin client of the public API, one module per command group: generate.py (generate, demo),
 chat.py (a conversation in the terminal, tokens coloured by source), complete.py (fill in the
 middle at a cursor), serve.py (serve, also on Ray), bench.py (bench, bench-serve), replay.py,
-models.py (pull, calibrate, index); common.py holds what they share. Bad arguments end with a
-one-line message and a non-zero exit status, never a traceback.
+corpus.py (a development corpus from local source files), models.py (pull, calibrate, index);
+common.py holds what they share. Bad arguments end with a one-line message and a non-zero exit
+status, never a traceback.
 """
 
 from __future__ import annotations
 
 import click
 
-from draftwise.cli import bench, chat, complete, generate, models, replay, serve
+from draftwise.cli import bench, chat, complete, corpus, generate, models, replay, serve
 
 __all__ = ["main"]
 
@@ -35,5 +36,6 @@ for command in (
     models.calibrate,
     models.index,
     replay.replay,
+    corpus.corpus,
 ):
     main.add_command(command)

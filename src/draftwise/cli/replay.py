@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from draftwise import models
+from draftwise.backends.base import line_end_tokens
 from draftwise.cli.common import friendly_errors
 from draftwise.errors import ConfigError
 from draftwise.loading import FREE_DRAFTERS, LoadOptions, datastore_drafter, free_drafter, load_backend
@@ -17,7 +18,16 @@ from draftwise.policy.auto import MAX_K
 
 
 @click.command()
-@click.argument("results_path", metavar="RESULTS", type=click.Path(exists=True))
+@click.argument("results_path", metavar="[RESULTS]", required=False, type=click.Path(exists=True))
+@click.option(
+    "--prompts",
+    "prompts_path",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="Replay this prompt file's reference answers instead of a run's (e.g. a `draftwise corpus` split); "
+    "needs --curve when no RESULTS is given.",
+)
+@click.option("--target", default=None, help="The model whose tokenizer encodes the prompts (default: the run's).")
 @click.option(
     "--drafters",
     "sets",
@@ -51,32 +61,51 @@ from draftwise.policy.auto import MAX_K
     "or a calibration file (under the cache directory's calibration/).",
 )
 @click.option("--oracle", is_flag=True, help="Also show each set's hindsight optimum and the share the policy takes.")
+@click.option(
+    "--gaps",
+    "show_gaps",
+    is_flag=True,
+    help="Also show where the hindsight optimum gains on the policy: time by place in the copies "
+    "(none, start, resume after an edit, early, deep) and drafter (implies --oracle).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @friendly_errors
 def replay(
-    results_path, sets, datastore, categories, free_lookups, noise, seed, max_k, curve_path, oracle, as_json
+    results_path,
+    prompts_path,
+    target,
+    sets,
+    datastore,
+    categories,
+    free_lookups,
+    noise,
+    seed,
+    max_k,
+    curve_path,
+    oracle,
+    show_gaps,
+    as_json,
 ) -> None:
-    """Replay a bench run's baseline answers through the auto policy and free drafters (no model run).
+    """Replay a bench run's baseline answers, or a prompt file's reference answers, through the
+    auto policy and free drafters (no model run).
 
     RESULTS is a bench --out directory or its results.json; its greedy baseline answers and
-    calibrated cost curve are used. Prints tokens/step and speedup per category and set.
+    calibrated cost curve are used. With --prompts FILE instead, each prompt's `reference` is the
+    answer replayed (a proxy for the model's: what an edit, a quote or a filled middle should be)
+    and --curve gives the cost curve. Prints tokens/step and speedup per category and set.
     """
     from draftwise.bench import account as bench_account
     from draftwise.bench import prompts as bench_prompts
     from draftwise.bench import replay as bench_replay
-    from draftwise.bench.runner import load_results
 
-    path = Path(results_path)
-    results = load_results(path / "results.json" if path.is_dir() else path)
-    answers = bench_replay.baseline_answers(results)
+    results, pool, answers = _sources(results_path, prompts_path)
+    if curve_path is None and results is None:
+        raise ConfigError(
+            "replaying a prompt file's references needs --curve (a calibration file or a run's results.json)"
+        )
     curve = bench_replay.calibrated_curve(json.loads(Path(curve_path).read_text()) if curve_path else results)
-    meta = results.get("meta", {})
-    source = str(meta.get("prompts", ""))
-    pool = (
-        bench_prompts.load_suite(source.removeprefix("suite "))
-        if source.startswith("suite ")
-        else bench_prompts.load_prompts(source)
-    )
+    meta = (results or {}).get("meta", {})
+    path = Path(results_path or prompts_path)
     chosen = bench_prompts.filter_categories(pool, [c.strip() for c in categories.split(",")] if categories else None)
 
     def make(name: str):
@@ -92,7 +121,7 @@ def replay(
     if not drafter_sets:
         raise ConfigError("--drafters names no drafter set")
     backend = load_backend(
-        meta.get("target", models.DEFAULT_TARGET), LoadOptions(backend=meta.get("backend", "auto"), n_ctx=256)
+        target or meta.get("target", models.DEFAULT_TARGET), LoadOptions(backend=meta.get("backend", "auto"), n_ctx=256)
     )
     try:
         runs = bench_replay.replay(
@@ -106,16 +135,21 @@ def replay(
             seed=seed,
             max_k=max_k or MAX_K,
             oracle=oracle,
+            detail=show_gaps,
+            line_ends=line_end_tokens(backend.tokenizer, backend.vocab_size),
         )
     finally:
         backend.close()
+    oracle = oracle or show_gaps
     summary = bench_replay.summarize(runs)
-    live = bench_account.splits(results, curve)  # records with a time account: live against replay
+    gap_rows = _gap_rows(bench_replay.gaps(runs)) if show_gaps else []
+    live = bench_account.splits(results, curve) if results else []  # records with a time account
     if as_json:
         click.echo(
             json.dumps(
                 {
                     **summary,
+                    **({"gaps": gap_rows} if show_gaps else {}),
                     **({"live_vs_replay": [dataclasses.asdict(s) | {"kept": s.kept} for s, _ in live]} if live else {}),
                 },
                 indent=2,
@@ -144,6 +178,8 @@ def replay(
         )
     console = Console(width=160)
     console.print(table)
+    if show_gaps:
+        console.print(_gap_table(gap_rows))
     for result, buckets in live:
         split = Table(
             title=f"{result.method}: measured decode time against the replayed forwards of the same "
@@ -171,3 +207,78 @@ def replay(
         for rows, ctx, n, measured, modelled, ratio in buckets:
             by_bucket.add_row(str(rows), str(ctx), str(n), f"{measured:.1f}", f"{modelled:.1f}", f"{ratio:.2f}")
         console.print(by_bucket)
+
+
+def _sources(results_path, prompts_path):
+    """(results or None, the prompt pool, answers by (question id, turn))."""
+    from draftwise.bench import prompts as bench_prompts
+    from draftwise.bench import replay as bench_replay
+    from draftwise.bench.runner import load_results
+
+    if results_path is None and prompts_path is None:
+        raise ConfigError("give a bench run (RESULTS) or a prompt file with reference answers (--prompts)")
+    results = None
+    if results_path is not None:
+        path = Path(results_path)
+        results = load_results(path / "results.json" if path.is_dir() else path)
+    if prompts_path is not None:
+        pool = bench_prompts.load_prompts(prompts_path)
+        return results, pool, bench_replay.reference_answers(pool)
+    source = str(results.get("meta", {}).get("prompts", ""))
+    pool = (
+        bench_prompts.load_suite(source.removeprefix("suite "))
+        if source.startswith("suite ")
+        else bench_prompts.load_prompts(source)
+    )
+    return results, pool, bench_replay.baseline_answers(results)
+
+
+def _gap_rows(found) -> list[dict]:
+    """gaps() as rows, largest gap first, each with its share of the whole gap."""
+    total = sum(g.gap_ms for g in found.values()) or 1.0
+    rows = []
+    for (place, drafter), g in sorted(found.items(), key=lambda kv: -kv[1].gap_ms):
+        rows.append(
+            {
+                "place": place,
+                "drafter": drafter,
+                "tokens": g.tokens,
+                "policy_ms": round(g.policy_ms, 1),
+                "oracle_ms": round(g.oracle_ms, 1),
+                "gap_share": round(g.gap_ms / total, 4),
+                "policy_steps": g.policy_steps,
+                "policy_plain_steps": g.policy_plain,
+                "policy_mean_drafted": round(g.policy_drafted / g.policy_steps, 2) if g.policy_steps else 0.0,
+                "policy_mean_accepted": round(g.policy_accepted / g.policy_steps, 2) if g.policy_steps else 0.0,
+                "oracle_steps": g.oracle_steps,
+                "oracle_mean_drafted": round(g.oracle_drafted / g.oracle_steps, 2) if g.oracle_steps else 0.0,
+            }
+        )
+    return rows
+
+
+def _gap_table(rows):
+    from rich.table import Table
+
+    table = Table(
+        title="where the hindsight optimum gains: modelled ms by place in the copies and the drafter that could copy",
+        caption="place: none (no drafter right), start (a copy begins), resume (one begins within 8 tokens of a "
+        "16+-token copy's end: after an edit), early (its first 16 tokens), deep; steps: those starting there",
+    )
+    columns = ("place", "drafter", "tokens", "policy ms", "oracle ms", "share of gap", "policy steps (plain)")
+    for column in (*columns, "drafted/accepted", "oracle steps", "oracle drafted"):
+        table.add_column(column, justify="right")
+    for r in rows:
+        table.add_row(
+            r["place"],
+            r["drafter"],
+            str(r["tokens"]),
+            f"{r['policy_ms']:.0f}",
+            f"{r['oracle_ms']:.0f}",
+            f"{r['gap_share']:.1%}",
+            f"{r['policy_steps']} ({r['policy_plain_steps']})",
+            f"{r['policy_mean_drafted']:.1f}/{r['policy_mean_accepted']:.1f}",
+            str(r["oracle_steps"]),
+            f"{r['oracle_mean_drafted']:.1f}",
+        )
+    return table

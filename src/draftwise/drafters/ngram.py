@@ -125,4 +125,4 @@ class NgramDrafter(BaseDrafter):
         if start < 0 or max_tokens <= 0:
             return Draft((), source=self.name)
         proposal = self._tokens[start : start + max_tokens]
-        return Draft(tuple(proposal), source=self.name, score=float(length))
+        return Draft(tuple(proposal), source=self.name, score=float(length), origin=start)

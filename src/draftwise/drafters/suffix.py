@@ -168,4 +168,5 @@ class SuffixDrafter(BaseDrafter):
             return Draft((), source=self.name)
         proposal, confidences = frequency_walk(self._token_at, positions, max_tokens, self.min_confidence)
         self.last_confidences = confidences
-        return Draft(tuple(proposal), source=self.name, score=float(length), kind=self.last_kind)
+        origin = positions[0] if len(positions) == 1 else -1  # several sources: walked by majority
+        return Draft(tuple(proposal), source=self.name, score=float(length), kind=self.last_kind, origin=origin)

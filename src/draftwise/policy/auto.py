@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from draftwise.backends.base import common_prefix_length
+from draftwise.backends.base import common_prefix_length, line_end_tokens
 from draftwise.calibrate import CostCurve, load_or_measure
 from draftwise.drafters.base import Drafter
 from draftwise.policy.base import Plan, PlanState
@@ -40,6 +40,18 @@ MAX_BACKOFF = 8
 DRAFT_MODEL_PRIOR = 0.7
 # Proposals awaiting the committed tokens that score them (shadow scoring), at most.
 MAX_SHADOWS = 64
+# A copy that resumes after an edit: a lookup's proposal whose source position lies at most
+# RESUME_SOURCE tokens past where a copy of RESUME_MIN_COPY+ tokens broke off, made at most
+# RESUME_CONTEXT tokens after the break (what the edit wrote instead). It keeps an estimate of its
+# own (RESUME_PRIORS): in a whole-file edit the file goes on being copied after each change,
+# while a new short match elsewhere mostly diverges soon.
+RESUME_SOURCE, RESUME_CONTEXT, RESUME_MIN_COPY = 64, 64, 16
+RESUME_PRIORS = (0.7, 0.75, 0.8, 0.85, 0.88, 0.9, 0.93, 0.95, 0.97, 0.98)
+# A token that a long copy proposed where the text went another way (a renamed name, a changed
+# operator) is likely to be wrong again when a copy proposes it later in the same answer: the
+# first such token in a proposal is rated by its own record, P(right) = (hits + DIVERGED_PRIOR *
+# DIVERGED_WEIGHT) / (trials + DIVERGED_WEIGHT), instead of by the copy's match length.
+DIVERGED_PRIOR, DIVERGED_WEIGHT = 0.5, 2.0
 
 
 def draft_speedup(
@@ -69,6 +81,10 @@ class _Shadow:
     length: float  # the proposal's backward match length
     start: int
     token_ids: tuple[int, ...]
+    base: str = ""  # the drafter's name: its breaks are kept by name
+    origin: int = -1  # the proposal's source position (Draft.origin)
+    diverged_at: int = -1  # where its first diverged token is (-1: none)
+    line_starts: tuple[bool, ...] = ()  # which of its tokens start a line
 
 
 @dataclass
@@ -107,8 +123,11 @@ class AutoPolicy:
         calibrate: bool = True,
         lookup_share: float = LOOKUP_SHARE,
         time: TargetTime | None = None,
+        line_ends: frozenset[int] | None = None,
     ) -> None:
         self.target = target
+        # Tokens that end a line (None: read from the target's tokenizer at the first begin()).
+        self.line_ends = line_ends
         self.lookup_share = lookup_share
         self.draft_costs = dict(draft_costs or {})
         self.max_k = max_k
@@ -127,6 +146,10 @@ class AutoPolicy:
         self._backoff: dict[str, int] = {}  # current back-off interval in steps
         self._skip: dict[str, int] = {}  # steps left before the next consultation
         self._shadows: list[_Shadow] = []  # proposals not yet scored against committed tokens
+        # Per lookup drafter: (source position, context length) where its last long copy broke off.
+        self._breaks: dict[str, tuple[int, int]] = {}
+        # Diverged tokens of this request: token -> [hits, trials] when proposed again.
+        self._diverged: dict[int, list[float]] = {}
         self._context: int | None = None  # the planned step's context length (prices its forward)
         self.last_decision: dict = {}
 
@@ -138,9 +161,14 @@ class AutoPolicy:
     def begin(self, drafters: Sequence[Drafter], speculation: SpeculationConfig) -> None:
         self._drafters = list(drafters) if speculation.enabled else []
         self._shadows.clear()  # a new request: earlier proposals refer to another context
+        self._breaks.clear()
+        self._diverged.clear()
         if self.time is None:
             raise ValueError("the auto policy needs a target cost curve or a target backend to calibrate")
         _ = self.time.curve  # calibrate now (once per model and machine), not inside a step
+        if self.line_ends is None:
+            target = self.target
+            self.line_ends = line_end_tokens(target.tokenizer, target.vocab_size) if target is not None else frozenset()
         for d in self._drafters:
             backend = d.backend
             if backend is not None and d.name not in self.draft_costs:
@@ -157,8 +185,43 @@ class AutoPolicy:
     def _copy(self, key: str) -> CopyEstimate:
         est = self._copies.get(key)
         if est is None:
-            est = self._copies[key] = CopyEstimate()
+            est = self._copies[key] = CopyEstimate(RESUME_PRIORS if key.endswith(":resume") else None)
         return est
+
+    def _diverged_at(self, draft: Draft) -> int:
+        """Where the proposal's first diverged token is; -1: it has none."""
+        diverged = self._diverged
+        return next((j for j, t in enumerate(draft.token_ids) if t in diverged), -1) if diverged else -1
+
+    def _line_starts(self, context: Sequence[int], token_ids: Sequence[int]) -> tuple[bool, ...]:
+        """Which tokens of a proposal continuing `context` start a line."""
+        ends = self.line_ends
+        if not ends:
+            return ()
+        previous = context[-1] if len(context) else -1
+        return (previous in ends, *(t in ends for t in token_ids[:-1]))
+
+    def _expected(self, est: CopyEstimate, draft: Draft, at: int, starts: tuple[bool, ...]) -> list[float]:
+        """E(0..k) of a lookup's proposal: by its match length and where its lines start, and its
+        first diverged token (at, -1: none) by that token's own record."""
+        if at < 0:
+            return est.expected_tokens(draft.score, len(draft), starts)
+        hits, trials = self._diverged[draft.token_ids[at]]
+        rates = [est.rate(draft.score, j, j < len(starts) and starts[j]) for j in range(len(draft))]
+        rates[at] = (hits + DIVERGED_PRIOR * DIVERGED_WEIGHT) / (trials + DIVERGED_WEIGHT)
+        return expected_tokens(rates)
+
+    def _after_break(self, key: str, draft: Draft, context_len: int) -> str:
+        """'resume' if `draft` picks up the source where key's last long copy broke off; 'edit' if
+        that break is recent but the draft copies from elsewhere (text written in an edit seldom
+        continues like another place that happens to match it); '' otherwise."""
+        last = self._breaks.get(key)
+        if last is None:
+            return ""
+        source_end, context_end = last
+        if not 0 <= context_len - context_end <= RESUME_CONTEXT:
+            return ""
+        return "resume" if 0 <= draft.origin - source_end <= RESUME_SOURCE else "edit"
 
     def _target_ms(self, n: int) -> float:
         return self.time.ms(n, self._context)
@@ -171,10 +234,23 @@ class AutoPolicy:
         for shadow in self._shadows:
             known = context[shadow.start : shadow.start + len(shadow.token_ids)]
             matched = common_prefix_length(known, shadow.token_ids)
+            at = shadow.diverged_at
+            if matched < len(known) or matched == len(shadow.token_ids):
+                if 0 <= at <= matched and at < len(known):  # its diverged token was judged
+                    record = self._diverged[shadow.token_ids[at]]
+                    record[0] += at < matched
+                    record[1] += 1.0
+                    if at == matched:  # wrong where expected: the copy's own estimate is not at fault
+                        self._copies[shadow.key].update(shadow.length, at, at, shadow.line_starts)
+                        continue
             if matched < len(known):
-                self._copies[shadow.key].update(shadow.length, matched + 1, matched)
+                self._copies[shadow.key].update(shadow.length, matched + 1, matched, shadow.line_starts)
+                if shadow.length + matched >= RESUME_MIN_COPY:
+                    self._diverged.setdefault(shadow.token_ids[matched], [0.0, 0.0])
+                    if shadow.origin >= 0:
+                        self._breaks[shadow.base] = (shadow.origin + matched, shadow.start + matched)
             elif matched == len(shadow.token_ids):
-                self._copies[shadow.key].update(shadow.length, matched, matched)
+                self._copies[shadow.key].update(shadow.length, matched, matched, shadow.line_starts)
             else:
                 pending.append(shadow)
         self._shadows = pending[-MAX_SHADOWS:]
@@ -210,10 +286,17 @@ class AutoPolicy:
             # A drafter with several sources (suffix: live context, history) gets an estimate
             # per source: a history match of the same length is right less often. (It does not
             # depend on what the other lookups propose: see ESTIMATE_KEYS in estimates.py.)
-            key = f"{drafter.name}:{draft.kind}" if draft.kind else drafter.name
+            base = f"{drafter.name}:{draft.kind}" if draft.kind else drafter.name
+            key = f"{base}:{self._after_break(drafter.name, draft, len(state.context))}".rstrip(":")
             est = self._copy(key)
-            self._shadows.append(_Shadow(key, draft.score, len(state.context), tuple(draft.token_ids)))
-            options.append(_Option(drafter, est.expected_tokens(draft.score, len(draft)), draft=draft))
+            at = self._diverged_at(draft)
+            starts = self._line_starts(state.context, draft.token_ids)
+            self._shadows.append(
+                _Shadow(
+                    key, draft.score, len(state.context), tuple(draft.token_ids), drafter.name, draft.origin, at, starts
+                )
+            )
+            options.append(_Option(drafter, self._expected(est, draft, at, starts), draft=draft))
         for drafter in self._drafters if k_cap > 0 else ():
             if drafter.free:
                 continue

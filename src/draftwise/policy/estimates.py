@@ -89,24 +89,29 @@ class CopyEstimate:
     match) is drafted further as soon as its match grows. A proposal's first token has a table of
     its own: a fresh match is wrong where the text diverges from its source right after a
     repeated part (a JSON key and its value), while a continuation has already survived; and
-    continuations of short and long matches have one each (COPY_SPLIT). Each update first
-    decays the buckets it touches once, so the estimate follows the text by steps, not tokens.
+    continuations of short and long matches have one each (COPY_SPLIT). Each of the three is kept
+    twice, for tokens that start a line and for the rest: an edit changes, inserts or moves whole
+    lines, so a copy breaks at a line start several times as often as inside a line (LINE_TABLES).
+    Each update first decays the buckets it touches once, so the estimate follows the text by
+    steps, not tokens.
 
     Example: after many fully accepted drafts at L >= 32, c(40) is near 1 and E(31) is near 32,
     while c(3) keeps its prior until short matches are tried.
     """
 
     def __init__(self, priors: Sequence[float] | None = None, prior_weight: float = 3.0, decay: float = 0.9) -> None:
-        # Three tables of COPY_BUCKETS each: first tokens, continuations of short, of long matches.
-        self.priors = tuple(COPY_PRIORS if priors is None else priors) * 3
+        # Six tables of COPY_BUCKETS each: first tokens, continuations of short, of long matches;
+        # then the same three for tokens that start a line.
+        self.priors = tuple(COPY_PRIORS if priors is None else priors) * 6
         self.prior_weight, self.decay = prior_weight, decay
         self.hits = [0.0] * len(self.priors)
         self.trials = [0.0] * len(self.priors)
         self._rates: list[float] | None = None
 
-    def _index(self, length: float, j: int) -> int:
-        nb = len(self.priors) // 3
-        return copy_bucket(length + j) + (0 if not j else nb if length < COPY_SPLIT else 2 * nb)
+    def _index(self, length: float, j: int, line_start: bool = False) -> int:
+        nb = len(self.priors) // 6
+        table = 0 if not j else 1 if length < COPY_SPLIT else 2
+        return copy_bucket(length + j) + nb * (table + 3 * line_start)
 
     def rates(self) -> list[float]:
         """c per bucket of every table: its observations shrunk towards its own prior (each bucket
@@ -117,12 +122,17 @@ class CopyEstimate:
             self._rates = [(h + p * w) / (t + w) for h, t, p in zip(self.hits, self.trials, self.priors)]
         return self._rates
 
-    def rate(self, length: float, j: int = 0) -> float:
+    def rate(self, length: float, j: int = 0, line_start: bool = False) -> float:
         """c for draft token j of a proposal with backward match length `length`."""
-        return self.rates()[self._index(length, j)]
+        return self.rates()[self._index(length, j, line_start)]
 
-    def update(self, length: float, num_drafted: int, num_accepted: int) -> None:
-        judged = [self._index(length, j) for j in range(min(num_drafted, num_accepted + 1))]
+    def update(self, length: float, num_drafted: int, num_accepted: int, line_starts: Sequence[bool] = ()) -> None:
+        """A proposal's first num_accepted tokens were right, and the next (if drafted) wrong;
+        line_starts[j]: whether its token j starts a line (none, where it is shorter)."""
+        judged = [
+            self._index(length, j, j < len(line_starts) and line_starts[j])
+            for j in range(min(num_drafted, num_accepted + 1))
+        ]
         for i in set(judged):
             self.trials[i] *= self.decay
             self.hits[i] *= self.decay
@@ -131,13 +141,18 @@ class CopyEstimate:
             self.hits[i] += float(j < num_accepted)
         self._rates = None
 
-    def expected_tokens(self, length: float, k: int) -> list[float]:
+    def expected_tokens(self, length: float, k: int, line_starts: Sequence[bool] = ()) -> list[float]:
         """[E(0), ..., E(k)] for a proposal whose backward match length is `length`."""
         rates = self.rates()
-        return expected_tokens(rates[self._index(length, j)] for j in range(k))
+        n = len(line_starts)
+        return expected_tokens(rates[self._index(length, j, j < n and line_starts[j])] for j in range(k))
 
     def summary(self) -> dict[str, list[float]]:
-        """c by bucket of L for first tokens and for continuations of short and of long matches."""
+        """c by bucket of L for first tokens and for continuations of short and of long matches,
+        inside a line and at line starts."""
         nb = len(COPY_BUCKETS)
         rate = [round(r, 3) for r in self.rates()]
-        return {"first": rate[:nb], "continued_short": rate[nb : 2 * nb], "continued_long": rate[2 * nb :]}
+        names = ("first", "continued_short", "continued_long")
+        out = {name: rate[i * nb : (i + 1) * nb] for i, name in enumerate(names)}
+        out |= {f"{name}_line_start": rate[(i + 3) * nb : (i + 4) * nb] for i, name in enumerate(names)}
+        return out
