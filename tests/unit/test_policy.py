@@ -419,3 +419,101 @@ def test_the_policy_prices_a_forward_at_the_request_context():
         policy.plan(PlanState(context=[1] * 3256, max_k=8))
         policy.observe(step("none", 0, 0, verify_ms=90.0))
     assert policy.time.load.value == pytest.approx(1.0)
+
+
+class Scripted(BaseDrafter):
+    """A free drafter whose proposal at each context length is given: (tokens, match length, origin)."""
+
+    free = True
+
+    def __init__(self, name, script):
+        self.name, self.script = name, script
+
+    def begin(self, *args):
+        pass
+
+    def propose(self, context, max_tokens, grammar=None):
+        from draftwise.types import Draft
+
+        tokens, score, origin = self.script.get(len(context), ((), 0.0, -1))
+        return Draft(tuple(tokens[:max_tokens]), source=self.name, score=score, origin=origin)
+
+
+def _copy_then_break(policy, script_after):
+    """A 20-token copy from source position 100 breaks after 18 tokens at context 28 (the text
+    wrote 99 where the copy said 27); then `script_after` proposes."""
+    copy = list(range(10, 30))
+    script = {10: (copy, 40.0, 100), **script_after}
+    policy.begin([Scripted("ngram", script)], SpeculationConfig())
+    context = list(range(10))
+    policy.plan(PlanState(context=context, max_k=32))
+    context += [*copy[:18], 99]  # the copy held 18 tokens, then the edit
+    return context
+
+
+def test_a_copy_that_resumes_after_an_edit_has_its_own_estimate():
+    policy = AutoPolicy(target_cost=CostCurve.linear(30.0, 1.0), line_ends=frozenset())
+    # At context 29 the lookup picks the source up 2 tokens past the break (100 + 18): a resume.
+    context = _copy_then_break(policy, {29: ([31, 32, 33], 1.0, 120)})
+    policy.plan(PlanState(context=context, max_k=32))
+    assert policy._breaks["ngram"] == (118, 28)
+    policy.plan(PlanState(context=[*context, 31, 32, 33], max_k=32))  # it held: learned as a resume
+    assert any(policy._copies["ngram:resume"].trials)
+    # A fresh short match, as likely as a resumed one by its length alone, is rated lower.
+    assert policy._copies["ngram:resume"].rate(1.0, 1) > policy._copies["ngram"].rate(1.0, 1)
+
+
+def test_a_match_elsewhere_during_an_edit_is_learned_apart():
+    policy = AutoPolicy(target_cost=CostCurve.linear(30.0, 1.0), line_ends=frozenset())
+    context = _copy_then_break(policy, {29: ([40, 41], 2.0, 5)})  # source 5: far from the break
+    policy.plan(PlanState(context=context, max_k=32))
+    policy.plan(PlanState(context=[*context, 77], max_k=32))  # wrong at once
+    assert any(policy._copies["ngram:edit"].trials) and "ngram:resume" not in policy._copies
+
+
+def test_a_token_that_diverged_before_is_rated_by_its_own_record():
+    policy = AutoPolicy(target_cost=CostCurve.linear(30.0, 1.0), line_ends=frozenset())
+    context = _copy_then_break(policy, {})
+    policy.plan(PlanState(context=context, max_k=32))  # settles the copy: 28 was proposed, 99 written
+    assert 28 in policy._diverged
+    est = CopyEstimate()
+    from draftwise.types import Draft
+
+    draft = Draft((50, 51, 28, 52), score=200.0)
+    at = policy._diverged_at(draft)
+    assert at == 2
+    with_record = policy._expected(est, draft, at, ())
+    plain = est.expected_tokens(200.0, 4)
+    assert with_record[2] == pytest.approx(plain[2]) and with_record[3] < plain[3] - 0.3
+
+
+def test_tokens_that_start_a_line_are_learned_apart():
+    est = CopyEstimate()
+    starts = (False, True, False, False)
+    for _ in range(5):
+        est.update(40.0, 4, 1, starts)  # every draft breaks at its line start
+    assert est.rate(40.0, 1, line_start=True) < 0.4 < COPY_PRIORS[copy_bucket(41.0)]
+    assert est.rate(40.0, 2, line_start=False) > est.rate(40.0, 1, line_start=True)
+    assert est.expected_tokens(40.0, 4, starts)[2] < est.expected_tokens(40.0, 4)[2]
+    assert {"first_line_start", "continued_long_line_start"} <= set(est.summary())
+
+
+def test_a_proposal_ends_before_a_code_fence():
+    fence = 9
+    policy = AutoPolicy(target_cost=CostCurve.linear(30.0, 0.1), line_ends=frozenset(), fences=frozenset({fence}))
+    policy.begin([Fixed("ngram", [5, 6, fence, 7, 8], score=200.0)], SpeculationConfig())
+    plan = policy.plan(PlanState(context=[1], max_k=8))
+    assert plan.draft is not None and plan.draft.token_ids == (5, 6)
+    policy.begin([Fixed("ngram", [fence, 7, 8], score=200.0)], SpeculationConfig())  # a block that opens
+    assert policy.plan(PlanState(context=[1], max_k=8)).draft.token_ids == (fence, 7, 8)
+
+
+def test_text_marks_of_a_vocabulary():
+    from draftwise.backends.base import line_end_tokens, text_marks
+    from draftwise.backends.toy import CharTokenizer
+
+    tok = CharTokenizer(128)
+    marks = text_marks(tok, 128)
+    (newline,) = tok.encode("\n", add_special=False)
+    assert marks.line_ends == frozenset({newline}) and marks.fences == frozenset()  # no token holds ``
+    assert text_marks(tok, 128) is marks and line_end_tokens(tok, 128) == marks.line_ends

@@ -146,12 +146,14 @@ def replay(
     detail: bool = False,
     policy_options: Mapping[str, object] | None = None,
     line_ends: frozenset[int] = frozenset(),
+    fences: frozenset[int] = frozenset(),
 ) -> list[ReplayRun]:
     """Replay every answered turn of `prompts` with each drafter set under its own AutoPolicy
     (drafting up to max_k tokens); with `oracle`, also each set's hindsight optimum; with
     `detail` (implies oracle), both schedules step by step (for gaps()). `policy_options` are
     passed to every AutoPolicy (experiments with its settings); `line_ends`, the tokens that end
-    a line (backends.base.line_end_tokens), tell the policy where lines start, as live.
+    a line, and `fences`, code fences (backends.base.text_marks), tell the policy where lines
+    start and code blocks end, as live.
 
     Example: an answer that copies a code block from its prompt replays at over one token
     per step with {"ngram": [NgramDrafter()]} and exactly one with a set that never matches.
@@ -164,6 +166,7 @@ def replay(
             lookup_share=share,
             max_k=max_k,
             line_ends=line_ends,
+            fences=fences,
             **dict(policy_options or {}),
         )
         for name in drafter_sets

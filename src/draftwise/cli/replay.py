@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from draftwise import models
-from draftwise.backends.base import line_end_tokens
+from draftwise.backends.base import text_marks
 from draftwise.cli.common import friendly_errors
 from draftwise.errors import ConfigError
 from draftwise.loading import FREE_DRAFTERS, LoadOptions, datastore_drafter, free_drafter, load_backend
@@ -123,6 +123,7 @@ def replay(
     backend = load_backend(
         target or meta.get("target", models.DEFAULT_TARGET), LoadOptions(backend=meta.get("backend", "auto"), n_ctx=256)
     )
+    marks = text_marks(backend.tokenizer, backend.vocab_size)
     try:
         runs = bench_replay.replay(
             chosen,
@@ -136,7 +137,8 @@ def replay(
             max_k=max_k or MAX_K,
             oracle=oracle,
             detail=show_gaps,
-            line_ends=line_end_tokens(backend.tokenizer, backend.vocab_size),
+            line_ends=marks.line_ends,
+            fences=marks.fences,
         )
     finally:
         backend.close()

@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from draftwise.backends.base import common_prefix_length, line_end_tokens
+from draftwise.backends.base import common_prefix_length, text_marks
 from draftwise.calibrate import CostCurve, load_or_measure
 from draftwise.drafters.base import Drafter
 from draftwise.policy.base import Plan, PlanState
@@ -124,10 +124,12 @@ class AutoPolicy:
         lookup_share: float = LOOKUP_SHARE,
         time: TargetTime | None = None,
         line_ends: frozenset[int] | None = None,
+        fences: frozenset[int] = frozenset(),
     ) -> None:
         self.target = target
-        # Tokens that end a line (None: read from the target's tokenizer at the first begin()).
-        self.line_ends = line_ends
+        # Tokens that end a line, and code fences (backends.base.TextMarks; line_ends None: both
+        # read from the target's tokenizer at the first begin()).
+        self.line_ends, self.fences = line_ends, fences
         self.lookup_share = lookup_share
         self.draft_costs = dict(draft_costs or {})
         self.max_k = max_k
@@ -168,7 +170,9 @@ class AutoPolicy:
         _ = self.time.curve  # calibrate now (once per model and machine), not inside a step
         if self.line_ends is None:
             target = self.target
-            self.line_ends = line_end_tokens(target.tokenizer, target.vocab_size) if target is not None else frozenset()
+            marks = text_marks(target.tokenizer, target.vocab_size) if target is not None else None
+            self.line_ends = marks.line_ends if marks else frozenset()
+            self.fences = marks.fences if marks else frozenset()
         for d in self._drafters:
             backend = d.backend
             if backend is not None and d.name not in self.draft_costs:
@@ -192,6 +196,18 @@ class AutoPolicy:
         """Where the proposal's first diverged token is; -1: it has none."""
         diverged = self._diverged
         return next((j for j, t in enumerate(draft.token_ids) if t in diverged), -1) if diverged else -1
+
+    def _before_fence(self, draft: Draft) -> Draft:
+        """A lookup's proposal ends before a code fence past its first token: an answer that
+        copies a code block from its prompt closes its block there and stops, while the prompt
+        goes on with other text (the fence itself often tokenised apart: "``" + "`\n\n"), so
+        every row verified past it would be a miss."""
+        fences = self.fences
+        if fences:
+            cut = next((j for j in range(1, len(draft)) if draft.token_ids[j] in fences), 0)
+            if cut:
+                return draft.truncated(cut)
+        return draft
 
     def _line_starts(self, context: Sequence[int], token_ids: Sequence[int]) -> tuple[bool, ...]:
         """Which tokens of a proposal continuing `context` start a line."""
@@ -277,6 +293,7 @@ class AutoPolicy:
             if state.grammar is not None and len(draft):
                 # A lookup's tokens past the grammar would be rejected for certain: drop them.
                 draft = draft.truncated(state.grammar.valid_prefix(draft.token_ids))
+            draft = self._before_fence(draft)
             elapsed = 1000 * (time.perf_counter() - t0)
             previous = self._lookup_ms.get(drafter.name, elapsed)
             self._lookup_ms[drafter.name] = previous + 0.2 * (elapsed - previous)
