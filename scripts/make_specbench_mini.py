@@ -33,7 +33,7 @@ def mini(rows: list[dict], per_task: int, seed: int, first_turn_only: bool) -> l
         by_task[task].append(row)
     missing = [t for t in TASKS if not by_task.get(t)]
     if missing:
-        raise SystemExit(f"no questions of task(s) {', '.join(missing)} in the file: is it Spec-Bench's question.jsonl?")
+        raise SystemExit(f"no questions of task(s) {', '.join(missing)}: is this Spec-Bench's question.jsonl?")
     rng = random.Random(seed)
     out = []
     for task in TASKS:
