@@ -517,3 +517,15 @@ def test_text_marks_of_a_vocabulary():
     (newline,) = tok.encode("\n", add_special=False)
     assert marks.line_ends == frozenset({newline}) and marks.fences == frozenset()  # no token holds ``
     assert text_marks(tok, 128) is marks and line_end_tokens(tok, 128) == marks.line_ends
+
+
+def test_the_calibration_error_is_learned_per_bucket_of_sizes():
+    from draftwise.policy.cost import TargetTime, shape_bucket
+
+    assert [shape_bucket(n) for n in (1, 2, 3, 4, 5, 17, 32, 33, 64, 65)] == [1, 2, 4, 4, 8, 32, 32, 64, 64, 128]
+    time_model = TargetTime(curve=CostCurve.linear(10.0, 10.0))
+    for n in (40, 47, 55, 61) * 30:  # forwards over 33-64 rows all ran 20% above the curve
+        time_model.observe(1, 10.0)
+        time_model.observe(n, 1.2 * CostCurve.linear(10.0, 10.0).ms(n))
+    assert time_model.shape(50) == pytest.approx(1.2, abs=0.05)  # a size never observed, same bucket
+    assert time_model.shape(16) == 1.0 and time_model.shape(1) == 1.0

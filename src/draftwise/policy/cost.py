@@ -28,11 +28,20 @@ class Scale:
             self.value += self.alpha * (ratio - self.value)
 
 
+def shape_bucket(n: int) -> int:
+    """The forwards whose calibration error is learned together: 1, 2, then 3-4, 5-8, ..., 33-64,
+    65-128 rows by their upper end. The policy picks k from a continuum, so one size alone is
+    seen too seldom for its correction to move; a bucket's sizes share the kernels' behaviour.
+    Example: shape_bucket(17) == shape_bucket(32) == 32."""
+    return 1 << max(0, n - 1).bit_length()
+
+
 class TargetTime:
     """The target's forward time over n rows: calibrated curve x load x shape(n).
 
     The load (the shared machine speeding up or slowing down) moves fast; shape(n), how far
-    the calibration is off for one batch size relative to a plain step (shape(1) = 1), is a
+    the calibration is off for a bucket of batch sizes (shape_bucket) relative to a plain step
+    (shape(1) = 1), is a
     property of the model and moves slowly, so a few noisy verifications cannot swing the
     choice of k. One per engine: every request's policy reads and feeds the same one, and a
     batched forward over several requests' rows is observed once, at its total rows: rows, not
@@ -53,7 +62,7 @@ class TargetTime:
         return self._curve
 
     def shape(self, n: int) -> float:
-        shape = self.shapes.get(n)
+        shape = self.shapes.get(shape_bucket(n))
         return shape.value if shape is not None else 1.0
 
     def ms(self, n: int, context: int | None = None) -> float:
@@ -66,5 +75,5 @@ class TargetTime:
         calibrated = self.curve.ms(n, context)
         self.load.update(ms, calibrated * self.shape(n))
         if n > 1:  # shapes are relative to a plain step, which defines the load
-            shape = self.shapes.setdefault(n, Scale(alpha=SHAPE_ALPHA))
+            shape = self.shapes.setdefault(shape_bucket(n), Scale(alpha=SHAPE_ALPHA))
             shape.update(ms, calibrated * self.load.value)
