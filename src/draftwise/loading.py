@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from draftwise import calibrate, models
-from draftwise.backends.base import Backend, num_slots
+from draftwise.backends.base import Backend, num_slots, text_marks
 from draftwise.backends.hf import DEVICES, DTYPES
 from draftwise.calibrate import CostCurve
 from draftwise.drafters import ModelDrafter, NgramDrafter
@@ -161,7 +161,9 @@ def calibrate_models(
     target: Backend, drafts: Mapping[str, Backend] = {}, progress: CalibrationProgress | None = None
 ) -> Calibration:
     """The target's and each draft model's cost curve (calibrate.load_or_measure: cached, or
-    measured now, for the longest draft the auto policy plans)."""
+    measured now, for the longest draft the auto policy plans); the target vocabulary's text
+    marks (line ends, fences) are read now too, so no timed request pays for it."""
+    text_marks(target.tokenizer, target.vocab_size)
     curves, measured, ms = {}, [], 0.0
     for name, backend, max_n in [("target", target, MAX_K + 1), *((n, b, MAX_K) for n, b in drafts.items())]:
         told: list[int] = []
