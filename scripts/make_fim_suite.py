@@ -20,9 +20,8 @@ import random
 import sysconfig
 from pathlib import Path
 
-from draftwise.bench.corpus_code import MAX_CUT, brace_cuts, is_code, python_cuts
+from draftwise.bench.corpus_code import MAX_CUT, brace_cuts, fim_parts, is_code, python_cuts
 
-LINES_BEFORE, LINES_AFTER = 256, 64
 FIRST_ID = 1301
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 LLAMA_CPP = Path("/tmp/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp")
@@ -79,10 +78,7 @@ def make_cut(language: str, root: Path, path: str, licence: str, question_id: in
     size = rng.randint(1, MAX_CUT)
     sized = [s for s in spans if s[1] - s[0] + 1 == size] or spans
     first, last = rng.choice(sorted(set(sized)))
-    prefix = "".join(line + "\n" for line in lines[max(0, first - LINES_BEFORE) : first])
-    middle = "".join(line + "\n" for line in lines[first : last + 1])
-    after = lines[last + 1 : last + 1 + LINES_AFTER]
-    suffix = "\n".join(after) + ("\n" if last + 1 + LINES_AFTER < len(lines) else "")
+    prefix, middle, suffix = fim_parts(lines, first, last)
     return {
         "question_id": question_id,
         "category": "fim",

@@ -34,6 +34,7 @@ from draftwise.bench.corpus_code import (
     Limits,
     Shape,
     definitions,
+    fim_parts,
     fim_spans,
     pick_regions,
     shape_of,
@@ -46,7 +47,6 @@ KINDS = ("edit", "fim", "copy")
 DEFAULT_SHARES = {"edit": 0.5, "fim": 0.3, "copy": 0.2}
 SPLITS = ("dev", "test")
 FIRST_ID = 5001
-LINES_BEFORE, LINES_AFTER = 256, 64  # a fim prompt, as llama.vim sends it
 LONG_MIDDLE = 120  # characters: about 32 tokens of code
 COPY_LIMITS = Limits(min_lines=40, max_lines=240, max_chars=8_000)
 DEFINITION_LINES = (4, 120)
@@ -244,10 +244,7 @@ def fim_task(file: File, rng: random.Random, long_middle: bool) -> dict | None:
     if not sized:
         return None
     first, last = rng.choice(sized)
-    prefix = "".join(line + "\n" for line in lines[max(0, first - LINES_BEFORE) : first])
-    middle = "".join(line + "\n" for line in lines[first : last + 1])
-    after = lines[last + 1 : last + 1 + LINES_AFTER]
-    suffix = "\n".join(after) + ("\n" if last + 1 + LINES_AFTER < len(lines) else "")
+    prefix, middle, suffix = fim_parts(lines, first, last)
     if not prefix.strip() or not middle.strip():
         return None
     return {

@@ -512,6 +512,20 @@ def balanced(text: str) -> bool:
     return not any(depth.values())
 
 
+LINES_BEFORE, LINES_AFTER = 256, 64  # a fim prompt, as llama.vim sends it
+
+
+def fim_parts(lines: list[str], first: int, last: int) -> tuple[str, str, str]:
+    """(prefix, middle, suffix) of a cut of lines first..last (0-based, inclusive): up to
+    LINES_BEFORE lines before it and LINES_AFTER after, as llama.vim sends them.
+    Example: fim_parts(["a", "b", "c"], 1, 1) == ("a\n", "b\n", "c")."""
+    prefix = "".join(line + "\n" for line in lines[max(0, first - LINES_BEFORE) : first])
+    middle = "".join(line + "\n" for line in lines[first : last + 1])
+    after = lines[last + 1 : last + 1 + LINES_AFTER]
+    suffix = "\n".join(after) + ("\n" if last + 1 + LINES_AFTER < len(lines) else "")
+    return prefix, middle, suffix
+
+
 def is_code(lines: list[str]) -> bool:
     """Not blank or comments only, and some line with a few characters of code."""
     code = [s.strip() for s in lines if s.strip() and not s.strip().startswith(("#", "//", "/*", "*"))]
