@@ -360,8 +360,3 @@ def text_marks(tokenizer: Tokenizer, vocab_size: int) -> TextMarks:
     )
     _MARKS[id(tokenizer)] = (tokenizer, marks)
     return marks
-
-
-def line_end_tokens(tokenizer: Tokenizer, vocab_size: int) -> frozenset[int]:
-    """The token ids whose text ends with a newline (text_marks)."""
-    return text_marks(tokenizer, vocab_size).line_ends

@@ -144,16 +144,15 @@ def replay(
     max_k: int = MAX_K,
     oracle: bool = False,
     detail: bool = False,
-    policy_options: Mapping[str, object] | None = None,
     line_ends: frozenset[int] = frozenset(),
     fences: frozenset[int] = frozenset(),
 ) -> list[ReplayRun]:
     """Replay every answered turn of `prompts` with each drafter set under its own AutoPolicy
     (drafting up to max_k tokens); with `oracle`, also each set's hindsight optimum; with
-    `detail` (implies oracle), both schedules step by step (for gaps()). `policy_options` are
-    passed to every AutoPolicy (experiments with its settings); `line_ends`, the tokens that end
-    a line, and `fences`, code fences (backends.base.text_marks), tell the policy where lines
-    start and code blocks end, as live.
+    `detail` (implies oracle), both schedules step by step (for gaps()). `line_ends`, the tokens
+    that end a line, and `fences`, code fences (backends.base.text_marks), tell the policy where
+    lines start and code blocks end, as live (without line_ends, gaps() finds line starts from
+    the answers' own tokens).
 
     Example: an answer that copies a code block from its prompt replays at over one token
     per step with {"ngram": [NgramDrafter()]} and exactly one with a set that never matches.
@@ -167,7 +166,6 @@ def replay(
             max_k=max_k,
             line_ends=line_ends,
             fences=fences,
-            **dict(policy_options or {}),
         )
         for name in drafter_sets
     }
@@ -188,11 +186,13 @@ def replay(
             speculation = SpeculationConfig(
                 prediction=tokenizer.encode(predicted, add_special=False) if predicted else ()
             )
+            newlines = frozenset()
+            if detail:
+                newlines = line_ends or newline_tokens(tokenizer, [*prompt_ids[-1:], *answer_ids])
             for name, drafters in drafter_sets.items():
                 best: Schedule | None = None
                 if oracle:
                     saved = [d.snapshot() if isinstance(d, SuffixDrafter) else None for d in drafters]
-                    newlines = line_ends or newline_tokens(tokenizer, [*prompt_ids[-1:], *answer_ids])
                     best = oracle_schedule(drafters, speculation, prompt_ids, answer_ids, curve, max_k, newlines)
                     for d, state in zip(drafters, saved):
                         if state is not None:

@@ -250,25 +250,24 @@ class AutoPolicy:
         for shadow in self._shadows:
             known = context[shadow.start : shadow.start + len(shadow.token_ids)]
             matched = common_prefix_length(known, shadow.token_ids)
+            broke = matched < len(known)
+            if not broke and matched < len(shadow.token_ids):
+                pending.append(shadow)  # every token known so far matched; more are to come
+                continue
+            judged = matched + 1 if broke else matched
             at = shadow.diverged_at
-            if matched < len(known) or matched == len(shadow.token_ids):
-                if 0 <= at <= matched and at < len(known):  # its diverged token was judged
-                    record = self._diverged[shadow.token_ids[at]]
-                    record[0] += at < matched
-                    record[1] += 1.0
-                    if at == matched:  # wrong where expected: the copy's own estimate is not at fault
-                        self._copies[shadow.key].update(shadow.length, at, at, shadow.line_starts)
-                        continue
-            if matched < len(known):
-                self._copies[shadow.key].update(shadow.length, matched + 1, matched, shadow.line_starts)
-                if shadow.length + matched >= RESUME_MIN_COPY:
-                    self._diverged.setdefault(shadow.token_ids[matched], [0.0, 0.0])
-                    if shadow.origin >= 0:
-                        self._breaks[shadow.base] = (shadow.origin + matched, shadow.start + matched)
-            elif matched == len(shadow.token_ids):
-                self._copies[shadow.key].update(shadow.length, matched, matched, shadow.line_starts)
-            else:
-                pending.append(shadow)
+            if 0 <= at < judged:  # its diverged token was judged
+                record = self._diverged[shadow.token_ids[at]]
+                record[0] += at < matched
+                record[1] += 1.0
+                if at == matched:  # wrong where expected: the copy's own estimate is not at fault
+                    self._copies[shadow.key].update(shadow.length, at, at, shadow.line_starts)
+                    continue
+            self._copies[shadow.key].update(shadow.length, judged, matched, shadow.line_starts)
+            if broke and shadow.length + matched >= RESUME_MIN_COPY:
+                self._diverged.setdefault(shadow.token_ids[matched], [0.0, 0.0])
+                if shadow.origin >= 0:
+                    self._breaks[shadow.base] = (shadow.origin + matched, shadow.start + matched)
         self._shadows = pending[-MAX_SHADOWS:]
 
     def plan(self, state: PlanState) -> Plan:
