@@ -15,6 +15,7 @@ import numpy as np
 MERGES = ["Ġ t", "h e", "Ġt he"]
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 VOCAB = 272
+MAX_POSITIONS = 512  # the trained window (max_position_embeddings): a backend's n_ctx must fit it
 EOS = 256 + len(MERGES) + 2  # <|im_end|>
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -53,7 +54,7 @@ def tiny_qwen2(seed: int = 0, dtype=None):
         num_attention_heads=4,
         num_key_value_heads=2,
         intermediate_size=128,
-        max_position_embeddings=512,
+        max_position_embeddings=MAX_POSITIONS,
         initializer_range=0.3,
         tie_word_embeddings=False,
         bos_token_id=256 + len(MERGES),

@@ -29,11 +29,15 @@ from draftwise.slots import HasSlotPool, SlotPool
 from draftwise.step import step
 
 # Prompt rows a step's forward carries at most: a joining request's prefill is cut into
-# chunks so running streams are not stalled for a whole prompt (llama.cpp's n_batch role);
-# a Batcher of one slot (nothing else can be decoding) reads a prompt whole. From 128 rows on,
-# the default target's forward costs the same per row, so prompts fill as fast as in larger
-# chunks while a running stream waits for the shortest such forward at most.
+# chunks so running streams are not stalled for a whole prompt (llama.cpp's n_batch role).
+# From 128 rows on, the default target's forward costs the same per row, so prompts fill as
+# fast as in larger chunks while a running stream waits for the shortest such forward at most.
 PREFILL_CHUNK = 128
+# A request alone (a Batcher of one slot: nothing else can be decoding) reads its prompt in
+# larger chunks, so a cancellation is seen within one of them (a 28k-token prompt takes minutes
+# on a 2-core CPU) at no cost: a multiple of llama.cpp's n_batch (512), the forwards it would
+# split a whole read into anyway, so the cache holds the same values.
+SOLO_PREFILL_CHUNK = 2048
 _NO_STOP = nullcontext()
 # A slot takes a prompt prefix from another slot only when that saves at least this many rows
 # (below it, reading them again costs less than it is worth keeping the slot's own cache).

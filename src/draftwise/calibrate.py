@@ -41,8 +41,13 @@ MAX_N = 64  # the largest forward timed by default (the auto policy asks for MAX
 # Timings per forward size: a thorough run times every size up to max_n, a quick one QUICK_POINTS.
 QUICK_REPEATS, THOROUGH_REPEATS = 3, 5
 CACHE_VERSION = 2  # 2: timed at several contexts (growth); version 1 curves are measured again
-# The context lengths timed (those with room for the largest forward in the window).
-CONTEXTS = (256, 1024, 2048)
+# The context lengths timed (those with room for the largest forward in the window). 8,192 is
+# timed only in windows that hold it: a growth fitted over 256-2,048 alone is extrapolated ten
+# times its range at 16k-32k (docs/long-context.md compares both with measured forwards). It
+# costs one 8k prefill per model, once per cache entry, in windows larger than 8k only.
+CONTEXTS = (256, 1024, 2048, 8192)
+# Cached curves without a record of their contexts were timed up to this one.
+LEGACY_LONGEST = 2048
 # A cached curve is measured again when its n=1 cost exceeds this many times a fresh probe's.
 STALE_RATIO = 1.5
 PROBE_CONTEXT, PROBE_REPEATS = 32, 3
@@ -285,11 +290,21 @@ def load_or_measure(
         curve = CostCurve.from_dict(data)
         # A curve measured for shorter drafts than the policy plans now is measured again.
         wanted = max(_points(backend, thorough, max_n))
-        if (not thorough or data.get("thorough")) and curve.max_n >= wanted and not stale(backend, curve):
+        # ... and so is one timed at shorter contexts than the window now holds (an older grid).
+        longest = max(contexts_for(backend, wanted))
+        if (
+            (not thorough or data.get("thorough"))
+            and curve.max_n >= wanted
+            and data.get("longest_context", LEGACY_LONGEST) >= longest
+            and not stale(backend, curve)
+        ):
             return curve
+    points = _points(backend, thorough, max_n)
+    contexts = contexts_for(backend, max(points))
     curve = measure_grid(
         backend,
-        _points(backend, thorough, max_n),
+        points,
+        contexts=contexts,
         repeats=THOROUGH_REPEATS if thorough else QUICK_REPEATS,
         max_n=max_n,
         progress=progress,
@@ -303,6 +318,7 @@ def load_or_measure(
             {
                 **curve.to_dict(),
                 "thorough": thorough,
+                "longest_context": max(contexts),
                 "backend": backend.name,
                 "identity": backend.identity,
                 "threads": getattr(backend, "n_threads", 0),

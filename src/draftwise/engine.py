@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 
 from draftwise.backends.base import Backend, encode_chat, utf8
-from draftwise.batching import Batcher, BatchFull, Emitted, Failed
+from draftwise.batching import SOLO_PREFILL_CHUNK, Batcher, BatchFull, Emitted, Failed
 from draftwise.constraints import compile_constraint
 from draftwise.drafters.base import Drafter
 from draftwise.errors import ConfigError, PromptTooLongError, TokenizerMismatchError
@@ -204,7 +204,7 @@ class Engine:
     def _run(self, gen: Generation) -> Iterator[str]:
         """A request alone: the same loop as a batch (a Batcher of slot 0), its text streamed."""
         with self.lock:
-            batcher = Batcher(self.pool, slots=[0], prefill_chunk=None)
+            batcher = Batcher(self.pool, slots=[0], prefill_chunk=SOLO_PREFILL_CHUNK)
             try:
                 batcher.add(gen)
             except BatchFull:

@@ -59,6 +59,9 @@ class RequestStats:
     # Per step: (target rows in its forward, context length, forward ms, step ms incl. the loop);
     # `draftwise replay` prices the same steps on the calibrated curve beside these.
     step_times: list = field(default_factory=list)
+    # Per step: (tokens committed, draft tokens verified, draft tokens accepted), in output order:
+    # acceptance over the output (bench.timing.acceptance_windows) comes from these.
+    step_tokens: list = field(default_factory=list)
     policy: dict = field(default_factory=dict)  # the policy's final estimates
     skipped_drafters: dict = field(default_factory=dict)  # drafter -> why it was not loaded
 
@@ -75,6 +78,7 @@ class RequestStats:
 
     def record(self, step: StepStats) -> None:
         self.num_steps += 1
+        self.step_tokens.append((step.num_committed, step.num_drafted, step.num_accepted))
         self.num_drafted += step.num_drafted
         self.num_accepted += step.num_accepted
         self.draft_ms += step.draft_ms
@@ -174,6 +178,7 @@ class RequestStats:
             "k_choices": {str(k): v for k, v in sorted(self.k_choices.items())},
             "time_ms": {k: round(v, 3) for k, v in self.time_ms.items()},
             "step_times": [list(t) for t in self.step_times],
+            "step_tokens": [list(t) for t in self.step_tokens],
             "policy": self.policy,
             "skipped_drafters": self.skipped_drafters,
         }

@@ -16,7 +16,7 @@ from draftwise.backends.hf import HFBackend, resolve_device
 from draftwise.drafters import ModelDrafter, NgramDrafter
 from draftwise.engine import Engine
 from draftwise.types import SamplingParams, SpeculationConfig
-from tiny_qwen2 import VOCAB, perturbed, tiny_qwen2
+from tiny_qwen2 import MAX_POSITIONS, VOCAB, perturbed, tiny_qwen2
 
 PROMPT = [116, 257, 32, 99, 97, 116, 44, 258, 32, 99, 97, 116, 44, 258, 32]
 GREEDY = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
@@ -43,7 +43,7 @@ def test_auto_device_is_cuda():
 
 
 def test_cuda_cache_matches_the_cpu_reference(cpu_model):
-    backend = HFBackend.from_model(on_cuda(cpu_model, torch.float64))
+    backend = HFBackend.from_model(on_cuda(cpu_model, torch.float64), n_ctx=MAX_POSITIONS)
     assert backend.capabilities.device.startswith("cuda")
     backend.prefill(PROMPT[:6])
     backend.extend([1, 2, 3])
@@ -56,8 +56,10 @@ def test_cuda_cache_matches_the_cpu_reference(cpu_model):
 @pytest.mark.parametrize("drafter", ["draft", "ngram"])
 @pytest.mark.parametrize("k", [1, 2, 5])
 def test_greedy_equivalence_on_cuda(cpu_model, drafter, k):
-    target = HFBackend.from_model(on_cuda(cpu_model, torch.float64), name="target")
-    draft = HFBackend.from_model(on_cuda(perturbed(cpu_model, noise=0.004), torch.float64), name="draft")
+    target = HFBackend.from_model(on_cuda(cpu_model, torch.float64), name="target", n_ctx=MAX_POSITIONS)
+    draft = HFBackend.from_model(
+        on_cuda(perturbed(cpu_model, noise=0.004), torch.float64), name="draft", n_ctx=MAX_POSITIONS
+    )
     engine = Engine(target, [ModelDrafter(draft), NgramDrafter(1, 3)])
     plain = engine.generate(prompt_ids=PROMPT, sampling=GREEDY, speculation=SpeculationConfig(enabled=False))
     spec = engine.generate(
@@ -71,8 +73,8 @@ def test_greedy_equivalence_on_cuda(cpu_model, drafter, k):
 
 
 def test_bfloat16_speculation_with_a_twin_draft(cpu_model):
-    target = HFBackend.from_model(on_cuda(cpu_model, torch.bfloat16), name="target")
-    twin = HFBackend.from_model(on_cuda(cpu_model, torch.bfloat16), name="twin")
+    target = HFBackend.from_model(on_cuda(cpu_model, torch.bfloat16), name="target", n_ctx=MAX_POSITIONS)
+    twin = HFBackend.from_model(on_cuda(cpu_model, torch.bfloat16), name="twin", n_ctx=MAX_POSITIONS)
     logits = target.extend(PROMPT)
     assert logits.dtype == np.float32 and logits.shape == (len(PROMPT), VOCAB)
     target.reset()

@@ -46,6 +46,13 @@ def test_bench_cli_on_tiny_models(tiny_gguf_dir, tmp_path):
         r["memory_overhead_mb"] == memory["draft_overhead_mb"] for r in results["records"] if r["method"] == "draft"
     )
     assert "| code_edit | ngram k=4 |" in (out / "report.md").read_text()
+    # The models' weights beside the probes, and per record the KV caches and the drafters' state.
+    assert memory["target_weights_mb"] > 0 and memory["draft_weights_mb"] > 0
+    for r in results["records"]:
+        assert 0 < r["kv_target_bytes"]["used"] < r["kv_target_bytes"]["allocated"]
+        assert ("kv_draft_bytes" in r) == (r["method"] == "draft")
+        assert set(r["drafter_bytes"]) == ({"ngram"} if r["method"] == "ngram" else set())
+    assert "| draft k=4 | 3 |" in (out / "report.md").read_text().split("speculation adds")[-1]
     assert (out / "speedup_by_category.png").exists()
     assert f"html: {out / 'report.html'}" in result.output
     html = (out / "report.html").read_text(encoding="utf-8")

@@ -297,3 +297,110 @@ def test_a_slot_another_batcher_claimed_is_not_chosen():
     assert {taken, other} == {0, 1} and engine.busy_slots == {0, 1}
     with pytest.raises(BatchFull):
         second.add(stream(engine, *REQUESTS[2]))
+
+
+def test_a_long_prompt_cancelled_mid_prefill_ends_within_one_more_chunk(monkeypatch):
+    """A 20,000-token prompt read in PREFILL_CHUNK-row chunks beside a decoding request: a cancellation
+    that arrives while a chunk is being read ends the request before the next chunk (rows counted, not
+    time), frees its slot, leaves the neighbour's answer untouched, and the next request, which reuses the
+    part of the prompt that was read, answers as a fresh engine does."""
+    import draftwise.step as step_module
+    from draftwise.batching import PREFILL_CHUNK
+
+    n_ctx = 32_768
+
+    def toy_engine(slots: int) -> Engine:
+        return Engine(ToyBackend(TARGET, slots=slots, n_ctx=n_ctx, name="target"), [NgramDrafter(1, 3)])
+
+    long_prompt = [(i * 7 + i // 11) % VOCAB for i in range(20_000)]
+    engine = toy_engine(2)
+    batcher = Batcher(engine)  # the server's: PREFILL_CHUNK prompt rows a step when there are several slots
+    assert batcher.prefill_chunk == PREFILL_CHUNK
+    flag = {"stop": False}
+    neighbour = stream(engine, *REQUESTS[0])
+    victim = engine.stream(
+        prompt_ids=long_prompt,
+        sampling=SamplingParams(max_tokens=20, ignore_eos=True),
+        speculation=SpeculationConfig(enabled=False),
+        cancelled=lambda: flag["stop"],
+    )
+    batcher.add(neighbour)
+    victim_seq = engine.slot(batcher.add(victim)).target
+    rows = {"before": 0, "after": 0}  # the victim's prompt rows read before and after the cancellation
+    real = step_module.extend_batch
+
+    def counting(backend, items):
+        for seq, ids, _ in items:
+            if seq is victim_seq and victim.result is None:
+                if rows["before"] >= 3 * PREFILL_CHUNK:
+                    flag["stop"] = True  # the client goes away while this chunk is being read
+                rows["after" if flag["stop"] else "before"] += len(ids)
+        return real(backend, items)
+
+    monkeypatch.setattr(step_module, "extend_batch", counting)
+    steps_after = 0
+    while victim.result is None:
+        batcher.step()
+        steps_after += flag["stop"]
+        assert steps_after <= 2, "the cancelled request outlived the next step"
+    assert victim.result.finish_reason == "cancelled" and victim.result.token_ids == []
+    assert 0 < rows["after"] <= PREFILL_CHUNK  # the chunk in flight, nothing more
+    assert len(victim_seq.cached_ids) == rows["before"] + rows["after"] < len(long_prompt)
+    assert batcher.num_free == 1  # the victim's slot; the neighbour still runs
+    while batcher.active:
+        batcher.step()
+    assert neighbour.result.token_ids == single_outputs(REQUESTS[:1])[0]
+    assert batcher.num_free == 2 and engine.busy_slots == set()
+
+    # The next request shares the prompt's start: it takes the cancelled request's slot and the rows read.
+    prompt = long_prompt[:3000] + [1, 2, 3]
+    sampling = SamplingParams(max_tokens=24, ignore_eos=True)
+    spec = SpeculationConfig(policy="fixed", max_draft_tokens=4)
+    following = engine.stream(prompt_ids=prompt, sampling=sampling, speculation=spec)
+    assert engine.slot(batcher.add(following)).target is victim_seq
+    while batcher.active:
+        batcher.step()
+    fresh = toy_engine(1).generate(prompt_ids=prompt, sampling=sampling, speculation=spec)
+    assert following.result.token_ids == fresh.token_ids and len(fresh.token_ids) == 24
+    assert following.result.stats.num_reused_tokens == rows["before"] + rows["after"]
+
+
+def test_a_single_request_sees_a_cancellation_within_one_chunk_of_its_prompt(monkeypatch):
+    """engine.generate/stream (a Batcher of one slot, the server's path with one slot) reads a long
+    prompt in SOLO_PREFILL_CHUNK-row chunks: a request cancelled while its first chunk is read ends
+    before the next one (rows counted, not time), and the next request reuses what was read and
+    answers as a fresh engine does."""
+    import draftwise.step as step_module
+    from draftwise.batching import SOLO_PREFILL_CHUNK
+
+    def toy_engine() -> Engine:
+        return Engine(ToyBackend(TARGET, n_ctx=32_768, name="target"), [NgramDrafter(1, 3)])
+
+    engine = toy_engine()
+    long_prompt = [(i * 7 + i // 11) % VOCAB for i in range(20_000)]
+    flag = {"stop": False}
+    real, rows = step_module.extend_batch, []
+
+    def counting(backend, items):
+        flag["stop"] = True  # the client goes away as the first forward starts
+        rows.extend(len(ids) for _, ids, _ in items)
+        return real(backend, items)
+
+    monkeypatch.setattr(step_module, "extend_batch", counting)
+    result = engine.generate(
+        prompt_ids=long_prompt,
+        sampling=SamplingParams(max_tokens=20, ignore_eos=True),
+        speculation=SpeculationConfig(enabled=False),
+        cancelled=lambda: flag["stop"],
+    )
+    assert result.finish_reason == "cancelled" and result.token_ids == []
+    assert rows == [SOLO_PREFILL_CHUNK]  # one chunk, not the 19,999 rows of the whole prompt
+    monkeypatch.setattr(step_module, "extend_batch", real)
+    prompt = long_prompt[:3000] + [1, 2, 3]
+    sampling = SamplingParams(max_tokens=24, ignore_eos=True)
+    spec = SpeculationConfig(policy="fixed", max_draft_tokens=4)
+    following = engine.generate(prompt_ids=prompt, sampling=sampling, speculation=spec)
+    assert following.stats.num_reused_tokens == SOLO_PREFILL_CHUNK
+    assert (
+        following.token_ids == toy_engine().generate(prompt_ids=prompt, sampling=sampling, speculation=spec).token_ids
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 import time
 
@@ -355,3 +356,200 @@ def test_compare_table_and_cli(tmp_path):
     assert result.exit_code == 0, result.output
     assert "| 1 | 100.0 | 0.200 | 50.0 | 0.100 | 0.50x | 0.50x |" in result.stdout
     assert (tmp_path / "cmp" / "compare.md").read_text() == load_report.compare_markdown(runs)
+
+
+# --- soak (--duration): RSS sampled over time, a flat verdict once warm -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "samples, warm_s, flat, max_dev, min_dev",
+    [
+        # flat: the warm-up's growth (0-300 s) does not count; afterwards within 5% of the 300 s value
+        ([(0, 500), (150, 900), (300, 1000), (600, 1030), (900, 980), (1800, 1049)], 300, True, 4.9, -2.0),
+        # growing: a slow leak that passes 5% by the end
+        ([(0, 1000), (300, 1000), (600, 1020), (900, 1040), (1200, 1060), (1800, 1090)], 300, False, 9.0, 0.0),
+        # a spike: one sample 8% above, back to normal after
+        ([(300, 1000), (600, 1080), (900, 1000), (1200, 1001)], 300, False, 8.0, 0.0),
+        # shrinking past 5% is not flat either
+        ([(0, 1000), (60, 1000), (120, 900)], 0, False, 0.0, -10.0),
+    ],
+)
+def test_rss_verdict(samples, warm_s, flat, max_dev, min_dev):
+    v = load.rss_verdict(samples, warm_s)
+    assert v["flat"] is flat
+    assert v["rss_max_dev_pct"] == pytest.approx(max_dev) and v["rss_min_dev_pct"] == pytest.approx(min_dev)
+    first_warm = next((t, mb) for t, mb in samples if t >= warm_s)
+    assert (v["rss_warm_t_s"], v["rss_warm_mb"]) == first_warm and v["rss_end_mb"] == samples[-1][1]
+    assert v["num_samples"] == len(samples) and v["num_samples_after_warm"] == sum(t >= warm_s for t, _ in samples)
+
+
+def test_rss_verdict_without_enough_samples_after_warm_up_is_none():
+    assert load.rss_verdict([], 300)["flat"] is None
+    early = load.rss_verdict([(0, 900), (100, 1000)], 300)
+    assert early["flat"] is None and early["rss_warm_mb"] is None and early["rss_end_mb"] == 1000
+    one = load.rss_verdict([(0, 900), (300, 1000)], 300)
+    assert one["flat"] is None and one["rss_warm_mb"] == 1000
+
+
+def test_soak_summary_passes_only_flat_and_without_failures():
+    flat = [(0, 100), (1, 101)]
+    ok = load.RequestRecord(1, 0, True, 200, None, 0.1, 0.2, 8, True, None, None)
+    failed = load.RequestRecord(1, 1, False, 503, "busy", None, 0.1, 0, False, None, None)
+    assert load.soak_summary([ok], flat, 0)["passed"] is True
+    both = load.soak_summary([ok, failed], flat, 0)
+    assert (both["num_requests"], both["num_ok"], both["num_errors"], both["flat"], both["passed"]) == (
+        2,
+        1,
+        1,
+        True,
+        False,
+    )
+    assert load.soak_summary([ok], [(0, 100), (1, 200)], 0)["passed"] is False
+    assert load.soak_summary([ok], [], 0)["passed"] is None  # RSS not judged
+
+
+def test_rss_sampler_samples_this_process():
+    with load.RssSampler(os.getpid(), every_s=0.05) as sampler:
+        time.sleep(0.3)
+    assert len(sampler.samples) >= 3 and sampler.error is None
+    assert all(mb > 1 for _, mb in sampler.samples)
+    times = [t for t, _ in sampler.samples]
+    assert times == sorted(times) and times[0] < 0.05
+
+
+def test_soak_sends_until_the_time_is_up_and_samples_rss(fake):
+    # NOTE: the fake server runs in this process, so its RSS is this process's.
+    prompts = ["ok one", ("ok two", 5), "fail-503", "ok three"]
+    before = len(fake.app.state.fake["bodies"])
+    out = load.run_soak(
+        fake.url, prompts, 2, 2.0, server_pid=os.getpid(), rss_every_s=0.25, warm_s=0, seed=3, max_tokens=16
+    )
+    soak, records = out["soak"], out["records"]
+    assert out["levels"][0]["concurrency"] == 2 and out["meta"]["num_requests"] == len(records) >= 8
+    assert len(soak["samples"]) >= 3 and soak["server_pid"] == os.getpid() and soak["rss_error"] is None
+    assert [r["index"] for r in records] == list(range(len(records)))
+    assert all(r["started_s"] is not None and r["started_s"] < 2.0 for r in records)
+    # each client goes through every prompt once a round
+    assert {r["prompt"] for r in records} == {0, 1, 2, 3}
+    assert all(r["ok"] == (r["prompt"] != 2) for r in records)
+    s = soak["summary"]
+    assert s["num_requests"] == len(records) and s["num_errors"] == sum(r["prompt"] == 2 for r in records) > 0
+    assert s["rss_warm_mb"] == soak["samples"][0][1] and s["rss_end_mb"] == soak["samples"][-1][1]
+    assert s["flat"] in (True, False) and s["passed"] is False  # failed requests
+    # the prompt's own max_tokens goes into its requests
+    bodies = fake.app.state.fake["bodies"][before:]
+    assert {b["max_tokens"] for b in bodies if b["messages"][0]["content"] == "ok two"} == {5}
+
+
+def test_soak_order_is_seeded():
+    with FakeServer(fake_app(piece_delay_s=0)) as server:
+
+        def order(seed):
+            out = load.run_soak(server.url, ["a", "b", "c", "d", "e"], 1, 0.3, seed=seed)
+            return [r["prompt"] for r in out["records"]][:5]
+
+        first = order(1)
+        assert sorted(first) == [0, 1, 2, 3, 4]  # one round: each prompt once
+        assert order(1) == first
+
+
+def test_soak_of_a_process_that_is_not_there_is_a_clear_error(fake):
+    with pytest.raises(load.LoadError, match="cannot read the memory of process"):
+        load.run_soak(fake.url, ["hi"], 1, 0.1, server_pid=2**22 + 12345)
+
+
+def test_cli_soak_with_prompt_file_writes_the_verdict_and_the_plot(fake, tmp_path):
+    from draftwise.bench.prompts import Prompt
+
+    prompts_file = tmp_path / "prompts.jsonl"
+    prompts_file.write_text(
+        '{"question_id": 1, "category": "chat", "turns": ["ok short"]}\n'
+        '{"question_id": 2, "category": "code", "turns": ["ok long", "second turn"], "max_tokens": 5}\n'
+    )
+    before = len(fake.app.state.fake["bodies"])
+    out = tmp_path / "soak"
+    result = CliRunner().invoke(
+        main,
+        [
+            "bench-serve",
+            "--url",
+            fake.url,
+            "--prompts",
+            str(prompts_file),
+            "--concurrency",
+            "2",
+            "--duration",
+            "0.05",
+            "--rss-every",
+            "0.5",
+            "--warm-minutes",
+            "0",
+            "--server-pid",
+            str(os.getpid()),
+            "--max-tokens",
+            "8",
+            "--out",
+            str(out),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "soak: " in result.stdout and "0 failed" in result.stdout
+    saved = load_report.load_run(out)
+    soak = saved["soak"]
+    assert saved["meta"]["prompts"] == str(prompts_file) and saved["meta"]["num_prompts"] == 2
+    assert len(soak["samples"]) >= 2 and soak["rss_every_s"] == 0.5 and soak["summary"]["warm_s"] == 0
+    assert soak["summary"]["num_errors"] == 0 and soak["summary"]["num_ok"] == len(saved["records"])
+    assert soak["summary"]["passed"] is soak["summary"]["flat"]
+    bodies = fake.app.state.fake["bodies"][before:]
+    assert {b["messages"][0]["content"] for b in bodies} == {"ok short", "ok long"}  # first turns only
+    own = {5} if "max_tokens" in Prompt.__dataclass_fields__ else {8}
+    assert {b["max_tokens"] for b in bodies[1:] if b["messages"][0]["content"] == "ok long"} == own
+    text = (out / "report.md").read_text()
+    assert "## Soak" in text and "| failed requests | 0 |" in text and "![](rss.png)" in text
+    assert (out / "rss.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_cli_soak_without_server_pid_says_rss_is_not_sampled(fake, tmp_path):
+    result = CliRunner().invoke(
+        main,
+        ["bench-serve", "--url", fake.url, "--suite", "chat", "--concurrency", "1", "--duration", "0.01"]
+        + ["--out", str(tmp_path)],
+    )
+    assert result.exit_code == 0, result.output
+    assert "RSS is not sampled" in result.stderr
+    saved = load_report.load_run(tmp_path)
+    assert saved["soak"]["samples"] == [] and saved["soak"]["summary"]["flat"] is None
+    assert "RSS not sampled" in (tmp_path / "report.md").read_text() and (tmp_path / "rss.png").is_file()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--duration", "1"], "--duration runs one concurrency level"),  # the default 1,2,4,8
+        (["--duration", "1", "--concurrency", "2,4"], "got 2,4"),
+        (["--duration", "0"], "--duration"),
+        (["--duration", "1", "--concurrency", "2", "--keystrokes"], "--keystrokes"),
+        (["--duration", "1", "--concurrency", "2", "--server-pid", "1"], "--server-pid goes with"),
+        (["--url", "http://x", "--concurrency", "2", "--server-pid", "1"], "--server-pid goes with"),
+        (["--prompts", "{tmp}/none.jsonl"], "prompt file not found"),
+    ],
+)
+def test_cli_soak_bad_input(args, message, tmp_path):
+    args = [a.format(tmp=tmp_path) for a in args]
+    result = CliRunner().invoke(main, ["bench-serve", "--out", str(tmp_path / "out"), *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+
+
+def test_cli_soak_samples_the_server_it_starts(tiny_gguf_dir, tmp_path):
+    pytest.importorskip("llama_cpp")
+    serve_args = f"--target {tiny_gguf_dir / 'target.gguf'} --draft ngram --n-ctx 4096 --threads 1"
+    result = CliRunner().invoke(
+        main,
+        ["bench-serve", "--serve-args", serve_args, "--concurrency", "1", "--duration", "0.05", "--rss-every", "0.5"]
+        + ["--warm-minutes", "0", "--max-tokens", "8", "--suite", "chat", "--out", str(tmp_path)],
+    )
+    assert result.exit_code == 0, result.output
+    soak = load_report.load_run(tmp_path)["soak"]
+    assert soak["server_pid"] is not None and soak["rss_error"] is None and len(soak["samples"]) >= 2
+    assert all(mb > 1 for _, mb in soak["samples"]) and soak["summary"]["num_errors"] == 0

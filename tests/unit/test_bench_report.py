@@ -205,3 +205,36 @@ def test_the_report_states_the_always_right_ceiling_of_its_calibration():
     speedup, k = always_right_ceiling(fake_results()["meta"]["calibration"]["target"])  # 16 rows cost 250 ms
     assert k == 15 and speedup == pytest.approx(16 * 30 / 250)
     assert f"**{speedup:.2f}x** at k = 15" in render_markdown(fake_results())
+
+
+def test_the_memory_section_tabulates_each_methods_caches_indexes_and_what_speculation_adds():
+    from draftwise.bench.report_sections import memory_rows, memory_section
+
+    mb = 2**20
+    results = fake_results()
+    results["meta"]["memory"] = {
+        "target_overhead_mb": 1800.0,
+        "draft_overhead_mb": 512.0,
+        "target_weights_mb": 1060.0,
+        "draft_weights_mb": 463.0,
+    }
+    for r in results["records"]:
+        if r.get("error"):
+            continue
+        r.update(rss_mb=2400.0, peak_rss_mb=2500.0, drafters=[] if r["method"] == "baseline" else [r["method"]])
+        r["kv_target_bytes"] = {"allocated": 112 * mb, "used": 3 * mb}
+        r["drafter_bytes"] = {"ngram": 2 * mb} if r["method"] == "ngram" else {}
+        if r["method"] == "draft":
+            r["kv_draft_bytes"] = {"allocated": 48 * mb, "used": int(1.25 * mb)}
+    rows = {row[0]: row for row in memory_rows(results["records"], results["meta"])}
+    assert rows["baseline"] == ("baseline", 3, "2400", "2500", "3.00", "112.00", "-", "0.00", "+0.0%", "+0.0%")
+    # (463 + 48) / (1060 + 112) = 43.6%; by RSS, the records' memory_overhead_mb: 512 / 1800 = 28.4%.
+    assert rows["draft k=4"][6:] == ("1.25", "0.00", "+43.6% (over +40%)", "+28.4%")
+    assert rows["ngram k=4"][6:] == ("-", "2.00", f"+{2 / 1172:.1%}", f"+{2 / 1800:.1%}")
+    text = "\n".join(memory_section(results["records"], results["meta"]))
+    assert "| target_weights_mb | 1060.0 |" in text  # the probes' table stays
+    assert "| draft k=4 | 2 | 2400 | 2500 | 3.00 | 112.00 | 1.25 | 0.00 | +43.6% (over +40%) | +28.4% |" in text
+    # Results from before these fields keep the probes' table alone.
+    older = [{k: v for k, v in r.items() if "bytes" not in k} for r in results["records"]]
+    assert memory_rows(older, results["meta"]) == []
+    assert "speculation adds" not in "\n".join(memory_section(older, results["meta"]))

@@ -429,3 +429,28 @@ def test_the_first_prompt_of_each_category_keeps_its_answers_token_sources(tmp_p
         sources = {source for _, source, *_ in r["spans"]}
         assert sources == {"target"} if r["method"] == "baseline" else sources <= {"target", "ngram"}
         assert sources == {s for s, n in r["tokens_by_source"].items() if n}
+
+
+def test_records_carry_the_kv_caches_and_the_drafters_memory(tmp_path):
+    from draftwise.backends.toy import KV_TOKEN_BYTES
+    from draftwise.drafters.suffix import SuffixDrafter
+
+    engine = toy_engine()
+    engine.drafters.append(SuffixDrafter())
+    results = run(engine, tmp_path, methods=("baseline", "draft", "ngram", "ngram+suffix"))
+    memory = results["meta"]["memory"]
+    assert memory["target_weights_mb"] == memory["draft_weights_mb"] == 0.0  # the toy's logits need no weights
+    for r in results["records"]:
+        held = r["num_prompt_tokens"] + r["new_tokens"]
+        # What the run leaves cached: its prompt and answer (the last token is never fed back).
+        assert held - 1 <= r["kv_target_bytes"]["used"] / KV_TOKEN_BYTES <= held
+        assert r["kv_target_bytes"]["allocated"] == r["kv_target_bytes"]["used"]
+        assert ("kv_draft_bytes" in r) == (r["method"] == "draft")
+        expected = {"baseline": set(), "draft": set(), "ngram": {"ngram"}, "ngram+suffix": {"ngram", "suffix"}}
+        assert set(r["drafter_bytes"]) == expected[r["method"]]
+        assert all(n > 0 for n in r["drafter_bytes"].values())
+        if r["method"] == "draft":
+            assert 0 < r["kv_draft_bytes"]["used"] <= r["kv_target_bytes"]["used"]
+    report = render_markdown(results)
+    assert "| method | n | RSS MB | peak RSS MB | target KV used MB |" in report
+    assert "| baseline | 4 |" in report and "| ngram+suffix k=4 | 4 |" in report

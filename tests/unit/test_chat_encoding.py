@@ -40,7 +40,7 @@ def engine(request, qwen2_gguf):
         pytest.importorskip("transformers")
         from draftwise.backends.hf import HFBackend
 
-        backend = HFBackend(qwen2_gguf, dtype="float32")
+        backend = HFBackend(qwen2_gguf, dtype="float32", n_ctx=256)
     yield Engine(backend)
     backend.close()
 

@@ -25,7 +25,7 @@ from draftwise.drafters import ModelDrafter, NgramDrafter
 from draftwise.engine import Engine
 from draftwise.sampling import distribution
 from draftwise.types import ConfigError, SamplingParams, SpeculationConfig
-from tiny_qwen2 import EOS, VOCAB, perturbed, tiny_qwen2, write_qwen2_gguf
+from tiny_qwen2 import EOS, MAX_POSITIONS, VOCAB, perturbed, tiny_qwen2, write_qwen2_gguf
 
 PROMPT = [116, 257, 32, 99, 97, 116, 44, 258, 32, 99, 97, 116, 44, 258, 32]  # "the cat, the cat, the "
 PLAIN = SpeculationConfig(enabled=False)
@@ -65,7 +65,7 @@ def reference_greedy(model, prompt, num_tokens) -> list[int]:
 
 # ---------------------------------------------------------------------- cache semantics
 def test_extend_in_pieces_equals_one_forward(target_model):
-    backend = HFBackend.from_model(target_model)
+    backend = HFBackend.from_model(target_model, n_ctx=MAX_POSITIONS)
     backend.prefill(PROMPT[:5])
     rows = [backend.extend(PROMPT[5:6]), backend.extend(PROMPT[6:11]), backend.extend(PROMPT[11:])]
     got = np.concatenate(rows)  # [len(PROMPT) - 5, V]
@@ -76,7 +76,7 @@ def test_extend_in_pieces_equals_one_forward(target_model):
 
 def test_truncate_then_extend_equals_fresh_run(target_model):
     rng = np.random.default_rng(0)
-    backend = HFBackend.from_model(target_model)
+    backend = HFBackend.from_model(target_model, n_ctx=MAX_POSITIONS)
     for _ in range(12):
         kept, dropped, new = (rng.integers(0, VOCAB, size=n).tolist() for n in rng.integers(1, 9, size=3))
         if rng.random() < 0.25:
@@ -92,7 +92,7 @@ def test_truncate_then_extend_equals_fresh_run(target_model):
 
 
 def test_sync_cache_reuses_the_shared_prefix(target_model):
-    backend = HFBackend.from_model(target_model)
+    backend = HFBackend.from_model(target_model, n_ctx=MAX_POSITIONS)
     backend.prefill(PROMPT)
     assert sync_cache(backend, PROMPT[:6] + [3, 4]) == 6
     np.testing.assert_allclose(
@@ -113,8 +113,34 @@ def test_invalid_requests_raise_and_leave_the_cache_intact(target_model):
     np.testing.assert_allclose(backend.extend([7]), reference_logits(target_model, PROMPT[:10] + [7])[-1:], atol=1e-10)
 
 
+def test_a_context_beyond_the_trained_window_is_refused(target_model):
+    """As on llama.cpp: n_ctx past max_position_embeddings would use positions the model never saw."""
+    with pytest.raises(
+        ConfigError, match="n_ctx 1024 is beyond tiny's trained context window of 512 tokens; use --n-ctx 512 or less"
+    ):
+        HFBackend.from_model(target_model, name="tiny", n_ctx=2 * MAX_POSITIONS)
+    with pytest.raises(ConfigError, match="trained context window of 512"):
+        HFBackend.from_model(target_model, n_ctx=MAX_POSITIONS + 1, slots=2)
+    assert HFBackend.from_model(target_model, n_ctx=MAX_POSITIONS).n_ctx == MAX_POSITIONS
+
+
+@pytest.mark.parametrize("command", [["serve", "--draft", "none"], ["generate", "--prompt", "hi", "--draft", "none"]])
+def test_the_cli_refuses_a_context_beyond_the_window_in_one_line(target_model, tmp_path, command):
+    from click.testing import CliRunner
+
+    from draftwise.cli import main
+
+    target_model.save_pretrained(tmp_path / "tiny")
+    args = ["--target", str(tmp_path / "tiny"), "--backend", "hf", "--dtype", "float64", "--n-ctx", "1024"]
+    result = CliRunner().invoke(main, [*command, *args])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == (
+        "error: n_ctx 1024 is beyond tiny's trained context window of 512 tokens; use --n-ctx 512 or less"
+    )
+
+
 def test_a_forward_that_fails_midway_is_rolled_back(target_model, monkeypatch):
-    backend = HFBackend.from_model(target_model)
+    backend = HFBackend.from_model(target_model, n_ctx=MAX_POSITIONS)
     backend.prefill(PROMPT[:8])
     layer = target_model.model.layers[1]
 
@@ -132,8 +158,8 @@ def test_a_forward_that_fails_midway_is_rolled_back(target_model, monkeypatch):
 
 # ---------------------------------------------------------------------- the engine on top
 def make_engine(target_model, draft_model) -> Engine:
-    target = HFBackend.from_model(target_model, name="target")
-    draft = HFBackend.from_model(draft_model, name="draft")
+    target = HFBackend.from_model(target_model, name="target", n_ctx=MAX_POSITIONS)
+    draft = HFBackend.from_model(draft_model, name="draft", n_ctx=MAX_POSITIONS)
     return Engine(target, [ModelDrafter(draft), NgramDrafter(1, 3)])
 
 
@@ -219,7 +245,9 @@ def gguf_pair(tmp_path_factory, target_model, draft_model):
 
 
 def test_gguf_through_transformers_matches_the_source_model(gguf_pair, target_model):
-    backend = HFBackend(gguf_pair[0], dtype="float64")
+    with pytest.raises(ConfigError, match="n_ctx 513 is beyond target.gguf's trained context window of 512 tokens"):
+        HFBackend(gguf_pair[0], dtype="float64", n_ctx=MAX_POSITIONS + 1)
+    backend = HFBackend(gguf_pair[0], dtype="float64", n_ctx=MAX_POSITIONS)
     tok = backend.tokenizer
     assert isinstance(tok, HFTokenizer) and backend.vocab_size == tok.vocab_size == VOCAB
     assert tok.encode("the cat, the cat, the ") == PROMPT
@@ -241,7 +269,7 @@ def test_transformers_target_with_a_llamacpp_draft(gguf_pair, target_model):
     pytest.importorskip("llama_cpp")
     from draftwise.backends.llamacpp import LlamaCppBackend
 
-    target = HFBackend(gguf_pair[0], dtype="float64")
+    target = HFBackend(gguf_pair[0], dtype="float64", n_ctx=MAX_POSITIONS)
     draft = LlamaCppBackend(gguf_pair[1], n_ctx=256, n_threads=1)
     try:
         engine = Engine(target, [ModelDrafter(draft)])  # the tokenizer check must pass
@@ -279,7 +307,7 @@ def test_load_backend_from_model_directories(tmp_path, gguf_pair, target_model):
     assert backend.identity != bytes_only.identity
     batched = load_backend(str(bare), LoadOptions(dtype="float64", n_ctx=256, slots=3))  # --parallel 3
     assert batched.num_slots == 3 and batched.sequence(2).n_ctx == 256
-    assert load_backend(str(bare), LoadOptions(dtype="float64", slots=0)).num_slots == 1  # the default: one
+    assert load_backend(str(bare), LoadOptions(dtype="float64", n_ctx=256, slots=0)).num_slots == 1  # the default: one
 
 
 def test_options_are_validated():
@@ -305,7 +333,7 @@ def test_the_server_answers_from_a_transformers_target(gguf_pair):
     from draftwise.server import create_app
 
     engine = Engine(
-        HFBackend(gguf_pair[0], dtype="float64"),
+        HFBackend(gguf_pair[0], dtype="float64", n_ctx=MAX_POSITIONS),
         [NgramDrafter(1, 3)],
         speculation=SpeculationConfig(policy="fixed", max_draft_tokens=4),
     )
@@ -330,8 +358,8 @@ def test_the_server_batches_concurrent_streams_on_a_transformers_target(gguf_pai
     from tests.server.conftest import MODEL, LiveServer
     from tests.server.test_parallel import stream_text
 
-    single = Engine(HFBackend(gguf_pair[0], dtype="float64"), [NgramDrafter(1, 3)])
-    engine = Engine(HFBackend(gguf_pair[0], dtype="float64", slots=2), [NgramDrafter(1, 3)])
+    single = Engine(HFBackend(gguf_pair[0], dtype="float64", n_ctx=MAX_POSITIONS), [NgramDrafter(1, 3)])
+    engine = Engine(HFBackend(gguf_pair[0], dtype="float64", slots=2, n_ctx=MAX_POSITIONS), [NgramDrafter(1, 3)])
     prompts = ["the cat, the cat", "the the the", "cat, cat, the cat, the"]
     body = {"model": MODEL, "max_tokens": 16, "temperature": 0, "ignore_eos": True}
     with LiveServer(engine) as live:
@@ -354,7 +382,10 @@ def test_constrained_greedy_on_transformers(gguf_pair, drafter):
 
     from draftwise.constraints import Constraint
 
-    target, draft = HFBackend(gguf_pair[0], dtype="float64"), HFBackend(gguf_pair[1], dtype="float64")
+    target, draft = (
+        HFBackend(gguf_pair[0], dtype="float64", n_ctx=MAX_POSITIONS),
+        HFBackend(gguf_pair[1], dtype="float64", n_ctx=MAX_POSITIONS),
+    )
     engine = Engine(target, [ModelDrafter(draft), NgramDrafter(1, 3)])
     sampling = SamplingParams(max_tokens=30, constraint=Constraint.regex(r"the (cat|dog)(, the (cat|dog)){2,4}\."))
     plain = engine.generate(prompt_ids=PROMPT, sampling=sampling, speculation=PLAIN)
@@ -378,8 +409,8 @@ def test_float32_logprobs_under_speculation_equal_plain_decodings():
         target32.lm_head.weight.mul_(0.2)
     draft32 = perturbed(target32, noise=0.004)
     engine = Engine(
-        HFBackend.from_model(target32, name="target32"),
-        [ModelDrafter(HFBackend.from_model(draft32, name="draft32"), name="draft")],
+        HFBackend.from_model(target32, name="target32", n_ctx=MAX_POSITIONS),
+        [ModelDrafter(HFBackend.from_model(draft32, name="draft32", n_ctx=MAX_POSITIONS), name="draft")],
     )
     sampling = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, logprobs=5)
     plain = engine.generate(prompt_ids=PROMPT, sampling=sampling, speculation=PLAIN)

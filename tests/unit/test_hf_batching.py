@@ -17,7 +17,7 @@ from draftwise.batching import Batcher
 from draftwise.drafters import ModelDrafter, NgramDrafter
 from draftwise.engine import Engine
 from draftwise.types import ConfigError, SamplingParams, SpeculationConfig
-from tiny_qwen2 import VOCAB, perturbed, tiny_qwen2
+from tiny_qwen2 import MAX_POSITIONS, VOCAB, perturbed, tiny_qwen2
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -40,7 +40,7 @@ def reference(model, ids) -> np.ndarray:
 
 def test_one_padded_forward_equals_each_sequence_alone(target_model):
     rng = np.random.default_rng(1)
-    backend = HFBackend.from_model(target_model, slots=4)
+    backend = HFBackend.from_model(target_model, slots=4, n_ctx=MAX_POSITIONS)
     seqs = [backend.sequence(i) for i in range(4)]
     assert backend.num_slots == 4 and seqs[0] is backend
     contexts = [list(rng.integers(0, VOCAB, size=n)) for n in (9, 3, 0, 14)]
@@ -71,14 +71,14 @@ def test_one_padded_forward_equals_each_sequence_alone(target_model):
 
 
 def test_a_failed_batched_forward_leaves_every_cache_as_it_was(target_model, monkeypatch):
-    backend = HFBackend.from_model(target_model, slots=2)
+    backend = HFBackend.from_model(target_model, slots=2, n_ctx=MAX_POSITIONS)
     a, b = backend.sequence(0), backend.sequence(1)
     a.prefill([1, 2, 3])
     b.prefill([4, 5])
     with pytest.raises(BackendError, match="outside the vocabulary"):
         backend.extend_batch([(a, [6], 1), (b, [VOCAB + 5], 1)])
     assert a.cached_ids == [1, 2, 3] and b.cached_ids == [4, 5]
-    other = HFBackend.from_model(target_model, slots=2)
+    other = HFBackend.from_model(target_model, slots=2, n_ctx=MAX_POSITIONS)
     with pytest.raises(BackendError, match="not a sequence of"):
         backend.extend_batch([(a, [6], 1), (other.sequence(1), [7], 1)])
     with pytest.raises(BackendError, match="twice"):
@@ -92,7 +92,7 @@ def test_a_failed_batched_forward_leaves_every_cache_as_it_was(target_model, mon
         backend.extend_batch([(a, [6], 1), (b, [7, 8], 2)])
     assert a.cached_ids == [1, 2, 3] and b.cached_ids == [4, 5]
     with pytest.raises(ConfigError, match="slots must be >= 1"):
-        HFBackend.from_model(target_model, slots=0)
+        HFBackend.from_model(target_model, slots=0, n_ctx=MAX_POSITIONS)
 
 
 PROMPTS = [[116, 257, 32, 99, 97, 116, 44, 258, 32], [5, 6, 7], [9, 9, 9, 9, 9, 9, 9], [2, 4, 6, 8, 2, 4, 6, 8, 2]]
@@ -106,8 +106,8 @@ REQUESTS = [  # (prompt, max_tokens, speculation, drafters)
 
 
 def make_engine(target_model, slots: int) -> Engine:
-    target = HFBackend.from_model(target_model, name="target", slots=slots)
-    draft = HFBackend.from_model(perturbed(target_model, noise=0.004), name="draft", slots=slots)
+    target = HFBackend.from_model(target_model, name="target", slots=slots, n_ctx=MAX_POSITIONS)
+    draft = HFBackend.from_model(perturbed(target_model, noise=0.004), name="draft", slots=slots, n_ctx=MAX_POSITIONS)
     return Engine(target, [ModelDrafter(draft, name="draft"), NgramDrafter(1, 3)])
 
 

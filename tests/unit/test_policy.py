@@ -401,6 +401,36 @@ def test_calibration_times_every_context_the_window_holds(tmp_path, monkeypatch)
     assert json.loads(cache_file(backend).read_text())["growth"] == list(curve.growth)
 
 
+def test_a_long_window_times_8k_and_a_curve_from_a_shorter_grid_is_measured_again(tmp_path, monkeypatch):
+    """In a window that holds 8,192 tokens and a forward, the grid reaches 8,192 (the growth is
+    then read over a range near the contexts such a window serves), the cache says so, and a
+    cached curve timed only up to 2,048 (an older grid) is measured again there."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    seen = []
+    backend = ToyBackend(ToyModel(vocab_size=8, seed=1), name="long", n_ctx=9000)
+    original = backend.prefill
+    backend.prefill = lambda ids: (seen.append(backend.num_cached + len(ids)), original(ids))[1]
+    load_or_measure(backend, max_n=4)
+    assert [s for s in seen if s > 1] == [256, 1024, 2048, 8192]
+    path = cache_file(backend)
+    data = json.loads(path.read_text())
+    assert data["longest_context"] == 8192
+    data["points"][0][1] = 1e-9  # a mark (below any probe, so never stale)
+    path.write_text(json.dumps(data))
+    assert load_or_measure(backend, max_n=4).ms(1) == 1e-9  # reused
+    del data["longest_context"]  # as an older grid wrote it
+    path.write_text(json.dumps(data))
+    assert load_or_measure(backend, max_n=4).ms(1) != 1e-9  # measured again
+    # A window too small for 8k keeps using an older curve.
+    small = ToyBackend(ToyModel(vocab_size=8, seed=1), name="short", n_ctx=4096)
+    load_or_measure(small, max_n=4)
+    old = json.loads(cache_file(small).read_text())
+    del old["longest_context"]
+    old["points"][0][1] = 1e-9
+    cache_file(small).write_text(json.dumps(old))
+    assert load_or_measure(small, max_n=4).ms(1) == 1e-9
+
+
 def test_the_policy_prices_a_forward_at_the_request_context():
     """The same proposal, the same estimates: at a long context every forward costs more, in
     proportion to its rows, so a long draft's relative price changes and plain steps cost more."""

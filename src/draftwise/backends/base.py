@@ -129,6 +129,28 @@ class Backend(Protocol):
         forward part-way returns a context that changes nothing."""
         ...
 
+    def kv_bytes(self) -> dict[str, int]:
+        """The KV cache's memory, from the model's own shape (no walk over tensors): `per_token`,
+        the bytes one cached position takes over every layer, keys and values; `allocated`, what
+        the cache reserves (llama.cpp reserves every cell of its context up front, n_ctx x slots;
+        transformers grows with the tokens held); `used`, the positions it holds now. A backend
+        loaded with slots reports its whole cache (every sequence); sequence(i), its own.
+
+        Example: Qwen2.5-Coder 1.5B in llama.cpp (28 layers, 2 KV heads of 128, f16 cache):
+        per_token = 28 x (256 + 256) x 2 = 28672; n_ctx 4096 -> allocated 112 MiB; 1000 tokens
+        cached -> used 28 MiB."""
+        ...
+
+    def weight_bytes(self) -> int:
+        """The model's weights as its library holds them, in bytes: llama.cpp the GGUF's tensors
+        (llama_model_size), transformers its parameters and buffers at their dtype."""
+        ...
+
+
+def kv_figures(per_token: int, allocated_tokens: int, used_tokens: int) -> dict[str, int]:
+    """kv_bytes()'s dict: per_token and the two counts of positions in bytes."""
+    return {"per_token": per_token, "allocated": per_token * allocated_tokens, "used": per_token * used_tokens}
+
 
 class Sequences(Protocol):
     """What a backend declaring num_slots > 1 (or batching) adds: llama.cpp, transformers and

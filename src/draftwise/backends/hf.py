@@ -231,6 +231,18 @@ def resolve_dtype(dtype: str):
     ]
 
 
+def _check_window(config, n_ctx: int, name: str) -> None:
+    """Refuse an n_ctx beyond the model's trained window (max_position_embeddings), as llama.cpp's backend does:
+    beyond it the model's positions are ones it never saw."""
+    # NOTE: not every family's config has a position limit (or names it so): no check then.
+    trained = getattr(config, "max_position_embeddings", None)
+    if isinstance(trained, int) and 0 < trained < n_ctx:
+        raise ConfigError(
+            f"n_ctx {n_ctx} is beyond {name}'s trained context window of {trained} tokens; "
+            f"use --n-ctx {trained} or less"
+        )
+
+
 class HFBackend:
     """A Backend over a transformers causal LM.
 
@@ -250,7 +262,7 @@ class HFBackend:
         slots: int = 1,
     ) -> None:
         torch = _torch()
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM
 
         path = Path(model_path)
         if path.is_dir():
@@ -264,6 +276,12 @@ class HFBackend:
         torch_dtype, torch_device = resolve_dtype(dtype), resolve_device(device)
         if n_threads:
             torch.set_num_threads(n_threads)  # NOTE: process-wide in torch, not per model
+        try:
+            # NOTE: the config first: a context the model cannot hold is refused before its weights load.
+            config = AutoConfig.from_pretrained(directory, gguf_file=gguf_file)
+        except Exception as exc:  # OSError, ValueError, ImportError (gguf), ...
+            raise BackendError(f"transformers could not load {path}: {exc}") from exc
+        _check_window(config, n_ctx, name or path.name)
         try:
             model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf_file, dtype=torch_dtype)
         except Exception as exc:  # OSError, ValueError, ImportError (accelerate, gguf), ...
@@ -295,14 +313,14 @@ class HFBackend:
         self._model = model
         self._device = model.device
         self._vocab_size = int(model.config.vocab_size)  # logits width; may exceed the tokenizer
-        # NOTE: not every family's config has a position limit (or names it so): n_ctx then.
-        max_positions = getattr(model.config, "max_position_embeddings", None) or n_ctx
-        self._n_ctx = min(n_ctx, max_positions)
+        _check_window(model.config, n_ctx, name)
+        self._n_ctx = n_ctx
         # transformers 5.x renamed past_key_values= to cache=; older 5.x releases only know the former.
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._ids: list[int] = []
         self._cache = self._new_cache()
+        self._kv_layers = kv_layers(model.config, model.dtype.itemsize)
         self.name = name
         self.identity = identity
         self.tokenizer = tokenizer
@@ -450,6 +468,23 @@ class HFBackend:
     def cached_ids(self) -> list[int]:
         return list(self._ids)
 
+    def kv_bytes(self) -> dict[str, int]:
+        """From the config (kv_layers): a DynamicCache reserves nothing ahead, so allocated is
+        used; the backend itself counts every sequence's cache, a sequence its own."""
+        per_token = sum(size for size, _ in self._kv_layers)
+        used = sum(
+            size * (min(len(seq._ids), window) if window else len(seq._ids))
+            for seq in self._slots
+            for size, window in self._kv_layers
+        )
+        return {"per_token": per_token, "allocated": used, "used": used}
+
+    def weight_bytes(self) -> int:
+        if self._model is None:
+            return 0
+        tensors = {id(t): t for t in (*self._model.parameters(), *self._model.buffers())}  # tied weights once
+        return sum(t.numel() * t.element_size() for t in tensors.values())
+
     # ---------------------------------------------------------------- decoding
     def _forward(self, ids: Sequence[int], num_logits: int):
         """Append ids to the cache; logits [num_logits, V] for the last num_logits positions."""
@@ -549,6 +584,22 @@ class HFBackend:
             self._model = None
             if on_cuda:
                 self._torch.cuda.empty_cache()
+
+
+def kv_layers(config, element_size: int) -> list[tuple[int, int | None]]:
+    """Per decoder layer: (bytes one cached position takes, keys and values; its sliding window or
+    None), from the config: num_key_value_heads (else num_attention_heads) x head_dim (else
+    hidden_size / num_attention_heads) x 2 x the dtype's element size.
+    Example: Qwen2.5-Coder 1.5B (28 layers, 2 KV heads of 128) in bfloat16 -> 28 x (1024, None)."""
+    text = config.get_text_config(decoder=True)
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    size = 2 * kv_heads * head_dim * element_size
+    n = text.num_hidden_layers
+    types = getattr(text, "layer_types", None) or ["full_attention"] * n
+    window = getattr(text, "sliding_window", None)
+    return [(size, window if kind == "sliding_attention" and window else None) for kind in types[:n]]
 
 
 def _dir_stat(path: Path) -> tuple[int, int]:

@@ -17,8 +17,54 @@ from pathlib import Path
 
 import numpy as np
 
-from draftwise.backends.base import BackendError, Capabilities, ContextOverflowError, ForwardInterrupted, utf8
+from draftwise.backends.base import (
+    BackendError,
+    Capabilities,
+    ContextOverflowError,
+    ForwardInterrupted,
+    kv_figures,
+    utf8,
+)
 from draftwise.types import ConfigError
+
+# ggml cache types -> (bytes, elements) of one block; f16 (1) is llama.cpp's default cache type.
+GGML_BLOCKS = {
+    0: (4, 1),  # f32
+    1: (2, 1),  # f16
+    30: (2, 1),  # bf16
+    2: (18, 32),  # q4_0
+    3: (20, 32),  # q4_1
+    6: (22, 32),  # q5_0
+    7: (24, 32),  # q5_1
+    8: (34, 32),  # q8_0
+    20: (18, 32),  # iq4_nl
+}
+
+
+def kv_token_bytes(C, model, metadata: dict, type_k: int = 1, type_v: int = 1) -> int:
+    """Bytes one cached position takes in llama.cpp's KV cache: per layer, n_head_kv x head size
+    elements of keys and of values at the cache's types (ggml types, f16 = 1 by default). The
+    head size is the GGUF's `ARCH.attention.key_length` / `value_length`, else n_embd / n_head.
+
+    Checked by hand against llama.cpp 0.3.36 on the default pair, loaded with n_ctx 512: its log
+    prints "KV buffer size = 14.00 MiB (512 cells, 28 layers)" for the 1.5B (28 x (256 + 256) x 2
+    = 28672 bytes a cell) and 6.00 MiB for the 0.5B (24 x (128 + 128) x 2 = 12288), and
+    llama_state_get_size grows by exactly that plus 12 bytes of cell metadata per token decoded
+    (tests/integration/test_llamacpp_tiny.py checks the same on a tiny model).
+    NOTE: for a sliding-window model (llama_model_n_swa > 0) llama.cpp may keep fewer cells in
+    those layers; this counts every layer whole (an upper bound)."""
+    arch = metadata.get("general.architecture", "")
+    n_head = max(1, C.llama_model_n_head(model))
+    head = C.llama_model_n_embd(model) // n_head
+    k_len = int(metadata.get(f"{arch}.attention.key_length", head))
+    v_len = int(metadata.get(f"{arch}.attention.value_length", head))
+    n_head_kv = C.llama_model_n_head_kv(model)
+
+    def row(ggml_type: int, elements: int) -> int:
+        size, block = GGML_BLOCKS.get(int(ggml_type), (2, 1))
+        return elements * size // block
+
+    return C.llama_model_n_layer(model) * (row(type_k, n_head_kv * k_len) + row(type_v, n_head_kv * v_len))
 
 
 def default_threads() -> int:
@@ -171,6 +217,13 @@ class _SequenceOps:
         self._ids[:] = source._ids[:n]
         return True
 
+    def kv_bytes(self) -> dict[str, int]:
+        """This sequence's window of the shared cache (n_ctx cells) and the positions it holds."""
+        return kv_figures(self._owner._kv_token_bytes, self._n_ctx, len(self._ids))
+
+    def weight_bytes(self) -> int:
+        return self._owner._weight_bytes
+
     def truncate(self, n_keep: int) -> None:
         if not 0 <= n_keep <= len(self._ids):
             raise BackendError(f"cannot truncate {len(self._ids)} cached positions to {n_keep}")
@@ -272,11 +325,18 @@ class LlamaCppBackend(_SequenceOps):
             if not self._own_ctx:
                 raise BackendError(f"llama.cpp could not create a context with {max(n_seq_max, slots)} sequences")
         self.n_seq_max = n_seq_max
+        model = self._llm.model
+        self._weight_bytes = int(C.llama_model_size(model))
+        cache = params if own_ctx else self._llm.context_params  # the cache types: f16 unless set
+        self._kv_token_bytes = kv_token_bytes(C, model, self._llm.metadata, cache.type_k, cache.type_v)
+        # Cells reserved: this context's, and with a context of our own the Llama's minimal one too.
         self._tree_batch = None
         self._pending_tree = None
         self._ctx = self._own_ctx or self._llm.ctx
         self._mem = C.llama_get_memory(self._ctx)
         self._n_ctx = C.llama_n_ctx(self._ctx) // slots
+        # Cells the cache reserves: the context's, and with a context of our own the Llama's minimal one's.
+        self._kv_cells = C.llama_n_ctx(self._ctx) + (C.llama_n_ctx(self._llm.ctx) if own_ctx else 0)
         # NOTE: llama.cpp clamps n_batch to n_ctx; a larger decode aborts the process.
         n_batch = self._n_batch = min(n_batch, C.llama_n_batch(self._ctx), C.llama_n_ubatch(self._ctx))
         self._n_vocab = self._llm.n_vocab()
@@ -339,6 +399,14 @@ class LlamaCppBackend(_SequenceOps):
     @property
     def num_slots(self) -> int:
         return self.capabilities.num_slots
+
+    def kv_bytes(self) -> dict[str, int]:
+        """The whole cache: every cell reserved, and the positions every sequence holds (a prefix
+        shared between slots by share_prefix counts once per sequence: an upper bound)."""
+        if self._llm is None:
+            return kv_figures(self._kv_token_bytes, 0, 0)
+        used = sum(len(seq._ids) for seq in self._slots)
+        return kv_figures(self._kv_token_bytes, self._kv_cells, min(used, self._kv_cells))
 
     def sequence(self, slot: int) -> _SequenceOps:
         return self._slots[slot]

@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from draftwise.backends.base import BackendError, Capabilities, ContextOverflowError
+from draftwise.backends.base import BackendError, Capabilities, ContextOverflowError, kv_figures
 
+# The toy's "cache" is its list of ids: one list slot (a pointer) per position.
+KV_TOKEN_BYTES = 8
 DEFAULT_ALPHABET = "abcdefghijklmnopqrstuvwxyz .,!?\n0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ()[]{}:;=+-*/_'\"<>#"
 
 
@@ -169,6 +171,14 @@ class ToyBackend:
     @property
     def cached_ids(self) -> list[int]:
         return list(self._ids)
+
+    def kv_bytes(self) -> dict[str, int]:
+        """The ids it holds, KV_TOKEN_BYTES each (every sequence's for the backend itself)."""
+        held = sum(len(seq._ids) for seq in self._slots)
+        return kv_figures(KV_TOKEN_BYTES, held, held)
+
+    def weight_bytes(self) -> int:
+        return 0  # logits come from a function, not weights
 
     def _append(self, ids: Sequence[int]) -> None:
         if len(self._ids) + len(ids) > self._n_ctx:

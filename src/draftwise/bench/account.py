@@ -23,7 +23,7 @@ from draftwise.bench.grouping import variant_label
 from draftwise.calibrate import CostCurve
 
 ROW_BUCKETS = (1, 2, 5, 9, 17, 33)  # lower bounds: 1, 2-4, 5-8, 9-16, 17-32, 33+
-CONTEXT_BUCKETS = (0, 512, 1024, 2048, 4096)  # lower bounds
+CONTEXT_BUCKETS = (0, 512, 1024, 2048, 4096, 8192, 16384, 24576)  # lower bounds
 
 
 def _bucket(value: int, bounds: Sequence[int]) -> int:

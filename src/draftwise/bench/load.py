@@ -2,22 +2,27 @@
 
 `run_bench` times every streamed chat request (first token, end, tokens) at each concurrency
 level and `summarize_level` turns a level into throughput and percentiles (load_report.py
-defines them and writes the report); `ServeProcess` runs `draftwise serve` for a benchmark.
+defines them and writes the report); `run_soak` keeps C clients sending for a fixed time while
+`RssSampler` samples the server's memory, and `rss_verdict` says whether it stayed flat once warm;
+`ServeProcess` runs `draftwise serve` for a benchmark.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import random
 import shlex
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 
 import httpx
@@ -27,6 +32,10 @@ from draftwise.types import ConfigError
 
 FORMAT = "draftwise-bench-serve/1"
 WARMUP_TOKENS = 8
+FLAT_TOLERANCE_PCT = 5.0  # a soak's RSS is flat when every sample after the warm-up is within this of the first
+
+# A prompt to send: its text, or (text, max_tokens) where the prompt sets its own (None: the run's).
+LoadPrompt = str | tuple[str, int | None]
 
 
 class LoadError(ConfigError):
@@ -48,6 +57,8 @@ class RequestRecord:
     tokens_from_usage: bool  # False: counted as content deltas
     num_drafted: int | None  # from usage.speculative, where the server reports it
     num_accepted: int | None
+    started_s: float | None = None  # soak: when it was sent, seconds from the soak's start
+    prompt: int | None = None  # soak: the index of its prompt in the prompt list
 
 
 def _error_message(raw: bytes | str) -> str:
@@ -109,8 +120,22 @@ async def stream_chat(client: httpx.AsyncClient, body: dict, concurrency: int, i
     )
 
 
+def chat_request(body: dict, prompt: LoadPrompt) -> dict:
+    """body with prompt as its one user message, and the prompt's own max_tokens where it has one.
+
+    Example: chat_request({"max_tokens": 128}, ("Hi", 16)) -> {"max_tokens": 16, "messages": [{"role": "user",
+    "content": "Hi"}]}.
+    """
+    text, max_tokens = (prompt, None) if isinstance(prompt, str) else prompt
+    return {
+        **body,
+        **({"max_tokens": max_tokens} if max_tokens else {}),
+        "messages": [{"role": "user", "content": text}],
+    }
+
+
 async def run_level(
-    client: httpx.AsyncClient, prompts: Sequence[str], body: dict, concurrency: int, num_requests: int
+    client: httpx.AsyncClient, prompts: Sequence[LoadPrompt], body: dict, concurrency: int, num_requests: int
 ) -> tuple[list[RequestRecord], float]:
     """`concurrency` clients share a queue of num_requests prompts; returns the records (in issue order) and wall s."""
     queue: asyncio.Queue[int] = asyncio.Queue()
@@ -121,8 +146,7 @@ async def run_level(
     async def one_client() -> None:
         while not queue.empty():
             i = queue.get_nowait()
-            request = {**body, "messages": [{"role": "user", "content": prompts[i % len(prompts)]}]}
-            records.append(await stream_chat(client, request, concurrency, i))
+            records.append(await stream_chat(client, chat_request(body, prompts[i % len(prompts)]), concurrency, i))
 
     start = time.perf_counter()
     await asyncio.gather(*(one_client() for _ in range(concurrency)))
@@ -189,9 +213,37 @@ def describe_server(url: str, headers: dict[str, str]) -> dict:
     return {"url": url, "models": models, "health": health_body}
 
 
+def _connect(url: str, api_key: str | None, model: str | None, max_tokens: int) -> tuple[str, dict, dict, dict]:
+    """(base url, headers, describe_server's answer, the requests' common body) for a run against url."""
+    url = url.rstrip("/").removesuffix("/v1")  # NOTE: clients' base_url often ends in /v1; the routes add it
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    server = describe_server(url, headers)
+    model = model or (server["models"][0] if server["models"] else None)
+    body = {
+        "stream": True,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "stream_options": {"include_usage": True},
+        **({"model": model} if model else {}),
+    }
+    return url, headers, server, body
+
+
+async def _warm_up(client: httpx.AsyncClient, body: dict, prompt: LoadPrompt) -> None:
+    # NOTE: the first request pays one-off costs (lazy allocation, cold caches) that belong to no level.
+    warm = await stream_chat(client, {**chat_request(body, prompt), "max_tokens": WARMUP_TOKENS}, 0, 0)
+    if not warm.ok:
+        raise LoadError(f"the warm-up request failed ({warm.status}): {warm.error}")
+
+
+def _client(url: str, headers: dict, connections: int, timeout_s: float) -> httpx.AsyncClient:
+    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+    return httpx.AsyncClient(base_url=url, headers=headers, limits=limits, timeout=httpx.Timeout(timeout_s, connect=10))
+
+
 def run_bench(
     url: str,
-    prompts: Sequence[str],
+    prompts: Sequence[LoadPrompt],
     levels: Sequence[int],
     *,
     num_requests: int = 16,
@@ -211,32 +263,11 @@ def run_bench(
         raise ConfigError("no prompts to send")
     if not levels or any(c < 1 for c in levels) or num_requests < 1:
         raise ConfigError(f"concurrency levels and requests must be >= 1, got {list(levels)} and {num_requests}")
-    url = url.rstrip("/").removesuffix("/v1")  # NOTE: clients' base_url often ends in /v1; the routes add it
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    server = describe_server(url, headers)
-    model = model or (server["models"][0] if server["models"] else None)
-    body = {
-        "stream": True,
-        "max_tokens": max_tokens,
-        "temperature": 0.0,
-        "stream_options": {"include_usage": True},
-        **({"model": model} if model else {}),
-    }
+    url, headers, server, body = _connect(url, api_key, model, max_tokens)
 
     async def run_all() -> list[tuple[list[RequestRecord], float]]:
-        limits = httpx.Limits(max_connections=max(levels), max_keepalive_connections=max(levels))
-        async with httpx.AsyncClient(
-            base_url=url, headers=headers, limits=limits, timeout=httpx.Timeout(timeout_s, connect=10)
-        ) as client:
-            # NOTE: the first request pays one-off costs (lazy allocation, cold caches) that belong to no level.
-            warm = await stream_chat(
-                client,
-                {**body, "max_tokens": WARMUP_TOKENS, "messages": [{"role": "user", "content": prompts[0]}]},
-                0,
-                0,
-            )
-            if not warm.ok:
-                raise LoadError(f"the warm-up request failed ({warm.status}): {warm.error}")
+        async with _client(url, headers, max(levels), timeout_s) as client:
+            await _warm_up(client, body, prompts[0])
             runs = []
             for c in levels:
                 runs.append(await run_level(client, prompts, body, c, num_requests))
@@ -250,7 +281,7 @@ def run_bench(
         "meta": {
             **(meta or {}),
             "server": server,
-            "model": model,
+            "model": body.get("model"),
             "max_tokens": max_tokens,
             "num_requests": num_requests,
             "num_prompts": len(prompts),
@@ -258,6 +289,236 @@ def run_bench(
         },
         "levels": [summarize_level(c, records, wall_s) for c, (records, wall_s) in zip(levels, runs)],
         "records": [asdict(r) for records, _ in runs for r in records],
+    }
+
+
+def process_rss_mb(pid: int) -> float:
+    """Resident memory of process pid and all its descendants, in MiB. Raises psutil.NoSuchProcess when gone."""
+    import psutil
+
+    proc = psutil.Process(pid)
+    total = proc.memory_info().rss
+    for child in proc.children(recursive=True):
+        try:
+            total += child.memory_info().rss
+        except psutil.NoSuchProcess:  # a child that ended between the listing and the reading
+            pass
+    return total / 2**20
+
+
+class RssSampler:
+    """Samples process pid's RSS (children included) every every_s seconds from a daemon thread while in a
+    with block; `samples` is [(seconds from entering, MiB)], with one sample on entering and one on leaving.
+
+    A process that ends stops the sampling; `error` then says so.
+    """
+
+    def __init__(self, pid: int, every_s: float) -> None:
+        if every_s <= 0:
+            raise ConfigError(f"the RSS sampling interval must be > 0 s, got {every_s}")
+        self.pid, self.every_s = pid, every_s
+        self.samples: list[tuple[float, float]] = []
+        self.error: str | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+
+    def sample(self) -> None:
+        import psutil
+
+        if self.error is not None:
+            return
+        try:
+            mb = process_rss_mb(self.pid)
+        except psutil.Error as exc:
+            self.error = f"process {self.pid} could not be read: {type(exc).__name__}"
+            return
+        with self._lock:
+            self.samples.append((round(time.perf_counter() - self.start, 3), round(mb, 2)))
+
+    def latest_mb(self) -> float | None:
+        with self._lock:
+            return self.samples[-1][1] if self.samples else None
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.sample()
+
+    def __enter__(self) -> RssSampler:
+        self.start = time.perf_counter()
+        self.sample()
+        self._thread = threading.Thread(target=self._loop, name="rss-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+
+def rss_verdict(samples: Sequence[Sequence[float]], warm_s: float, tolerance_pct: float = FLAT_TOLERANCE_PCT) -> dict:
+    """Whether RSS stayed flat once warm: every sample from warm_s on within tolerance_pct of the first of them.
+
+    rss_warm_mb is that first sample (at rss_warm_t_s), rss_end_mb the last; the deviations are the largest and
+    smallest sample after warm_s against rss_warm_mb, in %. flat is None with fewer than two samples from warm_s on.
+    Example: [(0, 900), (300, 1000), (600, 1030), (900, 1020)], warm_s=300 -> rss_warm_mb 1000, rss_max_dev_pct 3.0,
+    rss_min_dev_pct 0.0, flat True.
+    """
+    after = [(float(t), float(mb)) for t, mb in samples if t >= warm_s]
+    out = {
+        "warm_s": warm_s,
+        "tolerance_pct": tolerance_pct,
+        "num_samples": len(samples),
+        "num_samples_after_warm": len(after),
+        "rss_warm_t_s": None,
+        "rss_warm_mb": None,
+        "rss_end_mb": float(samples[-1][1]) if samples else None,
+        "rss_max_dev_pct": None,
+        "rss_min_dev_pct": None,
+        "flat": None,
+    }
+    if not after:
+        return out
+    (t0, ref), devs = after[0], [100.0 * (mb - after[0][1]) / after[0][1] for _, mb in after]
+    out.update(rss_warm_t_s=t0, rss_warm_mb=ref, rss_max_dev_pct=max(devs), rss_min_dev_pct=min(devs))
+    if len(after) >= 2:
+        out["flat"] = max(abs(d) for d in devs) <= tolerance_pct
+    return out
+
+
+def soak_summary(records: Sequence[RequestRecord], samples: Sequence[Sequence[float]], warm_s: float) -> dict:
+    """The soak's verdict: requests done and failed, the RSS figures of rss_verdict, and passed (flat RSS and no
+    failed request; None when RSS was not judged and nothing failed)."""
+    num_errors = sum(not r.ok for r in records)
+    verdict = rss_verdict(samples, warm_s)
+    passed = False if num_errors or verdict["flat"] is False else verdict["flat"]
+    return {
+        "num_requests": len(records),
+        "num_ok": len(records) - num_errors,
+        "num_errors": num_errors,
+        **verdict,
+        "passed": passed,
+    }
+
+
+async def soak_clients(
+    client: httpx.AsyncClient,
+    prompts: Sequence[LoadPrompt],
+    body: dict,
+    concurrency: int,
+    duration_s: float,
+    *,
+    seed: int = 0,
+    on_record: Callable[[RequestRecord], None] | None = None,
+) -> tuple[list[RequestRecord], float]:
+    """concurrency clients send requests one after another until duration_s has passed (a request in flight
+    then finishes); each goes through the prompts in its own seeded shuffled order, reshuffled every round.
+    Returns the records (in issue order; index = issue order, prompt = the prompt's index) and wall s."""
+    records: list[RequestRecord] = []
+    start = time.perf_counter()
+    deadline = start + duration_s
+    issued = 0
+
+    async def one_client(k: int) -> None:
+        nonlocal issued
+        rng = random.Random(seed * 1_000_003 + k)
+        order: list[int] = []
+        while time.perf_counter() < deadline:
+            if not order:
+                order = list(range(len(prompts)))
+                rng.shuffle(order)
+            p = order.pop()
+            index, issued = issued, issued + 1
+            sent = time.perf_counter() - start
+            record = await stream_chat(client, chat_request(body, prompts[p]), concurrency, index)
+            record = replace(record, started_s=round(sent, 3), prompt=p)
+            records.append(record)
+            if on_record is not None:
+                on_record(record)
+
+    await asyncio.gather(*(one_client(k) for k in range(concurrency)))
+    return sorted(records, key=lambda r: r.index), time.perf_counter() - start
+
+
+def run_soak(
+    url: str,
+    prompts: Sequence[LoadPrompt],
+    concurrency: int,
+    duration_s: float,
+    *,
+    server_pid: int | None = None,
+    rss_every_s: float = 10.0,
+    warm_s: float = 300.0,
+    seed: int = 0,
+    max_tokens: int = 128,
+    model: str | None = None,
+    api_key: str | None = None,
+    timeout_s: float = 600.0,
+    meta: dict | None = None,
+    progress: Callable[[RequestRecord, float, float | None], None] | None = None,
+) -> dict:
+    """A soak: concurrency clients send for duration_s while the RSS of server_pid (if given) is sampled every
+    rss_every_s; results (format FORMAT) hold the one level, the records and a "soak" section (samples and
+    soak_summary). progress(record, seconds since the start, latest RSS MiB or None) follows every request.
+
+    Example: run_soak(url, ["Hi", ("Write a sort", 256)], 2, 1800, server_pid=pid)["soak"]["summary"]["flat"].
+    """
+    if not prompts:
+        raise ConfigError("no prompts to send")
+    if concurrency < 1 or duration_s <= 0 or warm_s < 0:
+        raise ConfigError(
+            f"a soak needs concurrency >= 1, a duration > 0 and a warm-up >= 0, got {concurrency}, "
+            f"{duration_s} s and {warm_s} s"
+        )
+    url, headers, server, body = _connect(url, api_key, model, max_tokens)
+    sampler = RssSampler(server_pid, rss_every_s) if server_pid is not None else None
+    if server_pid is not None:
+        import psutil
+
+        try:
+            process_rss_mb(server_pid)
+        except psutil.Error as exc:
+            raise LoadError(f"cannot read the memory of process {server_pid}: {type(exc).__name__}") from None
+
+    async def soak() -> tuple[list[RequestRecord], float]:
+        async with _client(url, headers, concurrency, timeout_s) as client:
+            await _warm_up(client, body, prompts[0])
+            with sampler if sampler is not None else contextlib.nullcontext():
+                t0 = time.perf_counter()
+
+                def on_record(record: RequestRecord) -> None:
+                    if progress is not None:
+                        progress(record, time.perf_counter() - t0, sampler.latest_mb() if sampler else None)
+
+                return await soak_clients(
+                    client, prompts, body, concurrency, duration_s, seed=seed, on_record=on_record
+                )
+
+    records, wall_s = asyncio.run(soak())
+    samples = [list(s) for s in sampler.samples] if sampler else []
+    return {
+        "format": FORMAT,
+        "meta": {
+            **(meta or {}),
+            "server": server,
+            "model": body.get("model"),
+            "max_tokens": max_tokens,
+            "num_requests": len(records),
+            "num_prompts": len(prompts),
+            "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        },
+        "levels": [summarize_level(concurrency, records, wall_s)],
+        "records": [asdict(r) for r in records],
+        "soak": {
+            "duration_s": duration_s,
+            "concurrency": concurrency,
+            "seed": seed,
+            "server_pid": server_pid,
+            "rss_every_s": rss_every_s if sampler else None,
+            "rss_error": sampler.error if sampler else None,
+            "samples": samples,
+            "summary": soak_summary(records, samples, warm_s),
+        },
     }
 
 

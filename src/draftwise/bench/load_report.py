@@ -1,5 +1,6 @@
 """The bench-serve report: results.json, report.md (one row per concurrency level), throughput.png,
 and the side-by-side table of several runs (`compare_markdown`, e.g. draftwise vs llama-server).
+A soak (`bench-serve --duration`) adds its verdict to report.md and rss.png, the server's RSS over time.
 
 Plots use matplotlib's object API (no pyplot global state), as report.py does.
 """
@@ -40,6 +41,17 @@ HOW_MEASURED = (
 )
 
 
+SOAK_MEASURED = (
+    "**How measured.** For the soak's duration C clients each send one streaming chat completion after another "
+    "(temperature 0), going through the prompts in their own seeded shuffled order; a request in flight when the "
+    "time is up finishes. A prompt with its own max_tokens uses it. RSS is the resident memory of the server process "
+    "and its children (psutil), sampled from the soak's start (after one unrecorded warm-up request) at the given "
+    "interval and once at the end. The reference is the first sample at or after the warm-up window; the deviations "
+    "are the largest and smallest later sample against it. **flat** = every sample from the warm-up window on is "
+    "within {tolerance:g}% of the reference; **passed** = flat and no failed request."
+)
+
+
 def _num(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
@@ -77,22 +89,73 @@ def run_label(results: dict) -> str:
     return meta.get("label") or meta["server"]["url"]
 
 
+def span(seconds: float) -> str:
+    """A duration for the report: 1800 -> '30 min', 90 -> '1.5 min', 4.2 -> '4.2 s'."""
+    return f"{seconds / 60:.3g} min" if seconds >= 60 else f"{seconds:.2g} s"
+
+
+def verdict_word(value: bool | None, no: str = "no") -> str:
+    return "-" if value is None else ("yes" if value else no)
+
+
+def soak_lines(results: dict) -> list[str]:
+    """The soak section of report.md: the verdict table, how it was measured and the RSS plot."""
+    soak = results["soak"]
+    s = soak["summary"]
+    warm = f"{s['rss_warm_mb']:.0f} MiB at {span(s['rss_warm_t_s'])}" if s["rss_warm_mb"] is not None else "-"
+    rows = [
+        ("requests done", s["num_ok"]),
+        ("failed requests", s["num_errors"]),
+        (f"RSS at the end of the warm-up window ({span(s['warm_s'])})", warm),
+        ("RSS at the end", _num(s["rss_end_mb"], ".0f") + (" MiB" if s["rss_end_mb"] is not None else "")),
+        (
+            "largest deviation after warm-up",
+            _num(s["rss_max_dev_pct"], "+.1f") + "%" * (s["rss_max_dev_pct"] is not None),
+        ),
+        (
+            "smallest deviation after warm-up",
+            _num(s["rss_min_dev_pct"], "+.1f") + "%" * (s["rss_min_dev_pct"] is not None),
+        ),
+        ("RSS samples (after warm-up)", f"{s['num_samples']} ({s['num_samples_after_warm']})"),
+        (f"flat (within {s['tolerance_pct']:g}%)", verdict_word(s["flat"], "**no**")),
+        ("passed", verdict_word(s["passed"], "**no**")),
+    ]
+    lines = ["## Soak", "", markdown_table(("", "value"), rows), ""]
+    if soak.get("server_pid") is None:
+        lines += ["RSS not sampled: the server was given by --url without --server-pid.", ""]
+    elif soak.get("rss_error"):
+        lines += [f"RSS sampling stopped: {soak['rss_error']}.", ""]
+    elif s["flat"] is None:
+        lines += ["No verdict on RSS: fewer than two samples from the end of the warm-up window on.", ""]
+    lines += [SOAK_MEASURED.format(tolerance=s["tolerance_pct"]), "", "![](rss.png)"]
+    return lines
+
+
 def render_markdown(results: dict) -> str:
     meta = results["meta"]
     started = f" (started as `{meta['serve_command']}`)" if meta.get("serve_command") else ""
+    soak = results.get("soak")
+    if soak:
+        what = (
+            f"a soak of {span(soak['duration_s'])} at C={soak['concurrency']} ({meta['num_requests']} requests, "
+            f"seed {soak['seed']}), max_tokens {meta['max_tokens']} unless a prompt sets its own"
+        )
+    else:
+        what = f"{meta['num_requests']} requests per level, max_tokens {meta['max_tokens']}"
     lines = [
         f"# draftwise bench-serve: {run_label(results)}",
         "",
         f"Server {meta['server']['url']}{started}, model `{meta['model']}`; prompts: {meta.get('prompts', '?')}; "
-        f"{meta['num_requests']} requests per level, max_tokens {meta['max_tokens']}; finished "
-        f"{meta['finished_at']}.",
+        f"{what}; finished {meta['finished_at']}.",
         "",
         level_table(results),
         "",
-        HOW_MEASURED,
+        HOW_MEASURED if not soak else "Columns as in the level runs: tok/s, TTFT and latency over the whole soak.",
         "",
         "![](throughput.png)",
     ]
+    if soak:
+        lines += ["", *soak_lines(results)]
     errors = [
         (s["concurrency"], n, message.replace("|", "/"))
         for s in results["levels"]
@@ -101,6 +164,38 @@ def render_markdown(results: dict) -> str:
     if errors:
         lines += ["", "## Errors", "", markdown_table(("C", "count", "error"), errors)]
     return "\n".join(lines) + "\n"
+
+
+def plot_rss(results: dict, path: Path) -> Path:
+    """A soak's server RSS over time, with each request's completion marked (failed ones in red) and the
+    warm-up window and the flat band shaded."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    soak = results["soak"]
+    summary = soak["summary"]
+    fig = Figure(figsize=(10, 4), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    samples = soak["samples"]
+    if samples:
+        ax.plot([t / 60 for t, _ in samples], [mb for _, mb in samples], marker=".", label="server RSS")
+    ref = summary["rss_warm_mb"]
+    if ref is not None:
+        tol = summary["tolerance_pct"] / 100
+        ax.axhspan(ref * (1 - tol), ref * (1 + tol), color="tab:green", alpha=0.12, label=f"±{tol:.0%} of warm RSS")
+    ax.axvspan(0, summary["warm_s"] / 60, color="grey", alpha=0.12, label="warm-up window")
+    done = [(r["started_s"] + r["latency_s"], r["ok"]) for r in results["records"] if r.get("started_s") is not None]
+    for ok, y, color, name in ((True, 0.04, "tab:blue", "request done"), (False, 0.1, "tab:red", "request failed")):
+        ts = [t / 60 for t, good in done if good is ok]
+        if ts:  # NOTE: along the bottom of the axes (x in minutes, y a fraction of the height)
+            ax.plot(ts, [y] * len(ts), "|", color=color, markersize=12, label=name, transform=ax.get_xaxis_transform())
+    ax.set_xlabel("minutes from the soak's start")
+    ax.set_ylabel("RSS, MiB" if samples else "RSS not sampled")
+    ax.set_title(f"Server memory during the soak: {run_label(results)}")
+    ax.legend(fontsize="small", loc="best")
+    fig.savefig(path, dpi=110)
+    return path
 
 
 def plot_levels(results: dict, path: Path) -> Path:
@@ -130,11 +225,13 @@ def plot_levels(results: dict, path: Path) -> Path:
 
 
 def write_outputs(results: dict, out_dir: str | Path) -> Path:
-    """results.json, report.md and throughput.png in out_dir; returns the report's path."""
+    """results.json, report.md and throughput.png (and a soak's rss.png) in out_dir; returns the report's path."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results.json").write_text(json.dumps(results, indent=1))
     plot_levels(results, out_dir / "throughput.png")
+    if results.get("soak"):
+        plot_rss(results, out_dir / "rss.png")
     path = out_dir / "report.md"
     path.write_text(render_markdown(results))
     return path

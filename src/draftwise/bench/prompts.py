@@ -2,14 +2,19 @@
 
 A prompt file holds one JSON object a line: {"question_id": int, "category": str,
 "turns": [str, ...], "reference"?: ..., "json_schema"?: {...}, "prediction"?: str | [str | null, ...],
-"suffix"?: str, "tools"?: [...], "tool_choice"?: ..., "expected_calls"?: [str, ...]}; a JSON schema
-constrains every turn's answer, for every method; tools (OpenAI's, with tool_choice, default auto) do
-too, as the server would, and expected_calls names the functions the answer should call (empty:
-none; bench/tool_calls.py scores it); a prediction (one
-string for the first turn, or one entry per turn) is the expected answer, which the prediction
-drafter drafts from; a suffix makes a fill-in-the-middle prompt (one turn: the text before the
-gap; reference: the text removed). Any problem is reported as `FILE:LINE: why`.
-Suites ship in suites/<category>.jsonl; `full` is all of them, `quick` two per category.
+"suffix"?: str, "tools"?: [...], "tool_choice"?: ..., "expected_calls"?: [str, ...], "max_tokens"?: int};
+a JSON schema constrains every turn's answer, for every method; tools (OpenAI's, with tool_choice,
+default auto) do too, as the server would, and expected_calls names the functions the answer
+should call (empty: none; bench/tool_calls.py scores it); a prediction (one string for the first
+turn, or one entry per turn) is the expected answer, which the prediction drafter drafts from; a
+suffix makes a fill-in-the-middle prompt (one turn: the text before the gap; reference: the text
+removed); max_tokens (a positive integer) caps each turn's answer in place
+of the run's --max-tokens. Other keys (source, licence, language, context_label, ...) describe the
+prompt and are ignored. Any problem is reported as `FILE:LINE: why`.
+Suites ship in suites/<name>.jsonl; `full` is all of them but the opt-in ones (OPT_IN: `long`, an
+hour on a CPU), `quick` two per category of `full`. One file loads in its own order (the long
+suite's prompts that share a context are adjacent, so the engine reuses its cache); `full` and
+`quick` are sorted by category.
 """
 
 from __future__ import annotations
@@ -36,9 +41,15 @@ CATEGORIES = (
     "math",
     "fim",
     "tool_calls",
+    "long_rag",
+    "long_code",
+    "long_edit",
+    "long_output",
+    "long_chat",
 )
 QUICK_PER_CATEGORY = 2
 SUITES = ("quick", "full")
+OPT_IN = frozenset({"long"})  # suite files that `full` and `quick` leave out; `--suite long` loads one
 
 
 class PromptFileError(ConfigError):
@@ -57,6 +68,7 @@ class Prompt:
     tools: Any = field(default=None, hash=False)  # OpenAI tools every answer may call (tool_calls suite)
     tool_choice: Any = field(default=None, hash=False)  # None: auto
     expected_calls: tuple[str, ...] | None = None  # the functions a good answer calls (empty: none)
+    max_tokens: int | None = None  # each turn's answer length, in place of the run's --max-tokens
 
     def prediction_for(self, turn: int) -> str | None:
         return self.prediction[turn] if turn < len(self.prediction) else None
@@ -77,6 +89,8 @@ class Prompt:
             out["tool_choice"] = self.tool_choice
         if self.expected_calls is not None:
             out["expected_calls"] = list(self.expected_calls)
+        if self.max_tokens is not None:
+            out["max_tokens"] = self.max_tokens
         return out
 
 
@@ -142,6 +156,9 @@ def parse_prompt(obj: Any) -> Prompt:
         raise ValueError("'expected_calls' and 'tool_choice' need 'tools'")
     if expected is not None and (not isinstance(expected, list) or not all(isinstance(n, str) for n in expected)):
         raise ValueError(f"'expected_calls' must be a list of function names, got {expected!r:.80}")
+    max_tokens = obj.get("max_tokens")
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
+        raise ValueError(f"'max_tokens' must be a positive integer, got {max_tokens!r:.80}")
     return Prompt(
         qid,
         category.strip(),
@@ -153,6 +170,7 @@ def parse_prompt(obj: Any) -> Prompt:
         tools,
         obj.get("tool_choice"),
         tuple(expected) if expected is not None else None,
+        max_tokens,
     )
 
 
@@ -198,16 +216,17 @@ def _suite_files() -> dict[str, Any]:
 
 
 def available_suites() -> list[str]:
-    """'quick', 'full' and each shipped category file's name."""
+    """'quick', 'full' and each shipped suite file's name (the opt-in ones too)."""
     return [*SUITES, *sorted(_suite_files())]
 
 
 def load_suite(name: str) -> list[Prompt]:
-    """'full': every shipped prompt; 'quick': the first two of each category; or one category file."""
+    """'full': every shipped prompt but the opt-in files' (OPT_IN); 'quick': the first two of each
+    of its categories; or one suite file, in its own order."""
     files = _suite_files()
     if name not in SUITES and name not in files:
         raise ConfigError(f"unknown suite {name!r}; choose one of {', '.join(available_suites())}")
-    chosen = sorted(files) if name in SUITES else [name]
+    chosen = sorted(stem for stem in files if stem not in OPT_IN) if name in SUITES else [name]
     prompts: list[Prompt] = []
     seen: dict[int, str] = {}
     for stem in chosen:
@@ -219,6 +238,8 @@ def load_suite(name: str) -> list[Prompt]:
                 )
             seen[prompt.question_id] = source
             prompts.append(prompt)
+    if name not in SUITES:
+        return prompts  # one file: its order (the long suite's shared contexts stay adjacent)
     order = {c: i for i, c in enumerate(CATEGORIES)}
     prompts.sort(key=lambda p: (order.get(p.category, len(order)), p.category, p.question_id))
     if name == "quick":

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from draftwise.bench import long_context, report_html
 from draftwise.bench import plots as bench_plots
-from draftwise.bench import report_html
 from draftwise.bench.grouping import (
     STABILITY_HEADERS,
     TABLE_HEADERS,
@@ -87,6 +87,8 @@ def write_report(results: dict, out_dir: str | Path) -> Path:
         bench_plots.plot_acceptance_by_position(records, out_dir / "acceptance_by_position.png"),
         bench_plots.plot_cost_curve(records, results.get("meta", {}), out_dir / "cost_curve.png"),
         bench_plots.plot_context_sweep(records, out_dir / "context_sweep.png"),
+        long_context.plot_long_context(records, out_dir / "long_context.png"),
+        long_context.plot_long_outputs(records, out_dir / "long_outputs.png"),
     ]
     written = [p for p in plots if p is not None]
     path = out_dir / "report.md"

@@ -18,6 +18,7 @@ from pathlib import Path
 import jinja2
 from markupsafe import Markup, escape
 
+from draftwise.bench import long_context
 from draftwise.bench.grouping import (
     STABILITY_HEADERS,
     TABLE_HEADERS,
@@ -53,6 +54,8 @@ PLOT_CAPTIONS = {
     "acceptance_by_position": "Acceptance by draft position",
     "cost_curve": "Cost of one verification forward",
     "context_sweep": "Speedup and acceptance vs context length",
+    "long_context": "Speed, speedup and acceptance over the context read",
+    "long_outputs": "Long answers: speed and acceptance over the output",
 }
 
 
@@ -74,6 +77,11 @@ def render_html(results: dict, plots: Sequence[Path] = ()) -> str:
         facts=facts(results),
         settings=[setting_tables(setting, group) for setting, group in by_setting(records).items()],
         plots=[plot_image(Path(p)) for p in plots],
+        long_headers=long_context.CONTEXT_HEADERS,
+        long_rows=long_context.context_rows(records) if long_context.applies(records) else [],
+        long_note=inline(long_context.CONTEXT_NOTE),
+        long_output_headers=long_context.OUTPUT_HEADERS,
+        long_output_rows=long_context.output_rows(records, results.get("meta", {})),
         account_headers=ACCOUNT_HEADERS,
         account_rows=time_account_rows(records),
         account_note=inline(ACCOUNT_NOTE),

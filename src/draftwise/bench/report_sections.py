@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from draftwise.bench import tool_calls
 from draftwise.bench.grouping import aggregate, format_aggregate, geomean, markdown_table, variant_label, variant_order
+from draftwise.bench.long_context import long_context_section
 
 
 def structured_rows(records: Sequence[dict]) -> list[tuple]:
@@ -315,12 +316,93 @@ def differences_section(records: Sequence[dict], meta: dict) -> list[str]:
     return out
 
 
+MEMORY_BUDGET = 0.40  # the project brief: speculation adds at most 40% to plain decoding's memory
+MB = 2**20
+MEMORY_HEADERS = (
+    "method",
+    "n",
+    "RSS MB",
+    "peak RSS MB",
+    "target KV used MB",
+    "target KV reserved MB",
+    "draft KV used MB",
+    "drafter indexes MB",
+    "speculation adds",
+    "by RSS",
+)
+MEMORY_NOTE = (
+    "Per method, the largest figure over its runs, each read at the run's end: RSS (resident memory then) and "
+    "peak RSS (the process's peak so far: methods alternate prompt by prompt, so it is the run's), the KV "
+    "caches' bytes from the models' shapes (used: positions held; reserved: what the cache allocates, "
+    "llama.cpp its whole context up front) and the drafters' own state (n-gram and suffix indexes, the "
+    "datastore's mapped files; drafter_bytes in the records). speculation adds = (draft weights + draft KV "
+    "reserved + drafter indexes) / (target weights + target KV reserved), weights as their libraries hold "
+    "them (*_weights_mb above); by RSS = (the draft model's measured overhead + drafter indexes) / the "
+    "target's (draft_overhead_mb, target_overhead_mb above: runtime buffers, llama.cpp's repacked weights "
+    f"included). The brief allows +{MEMORY_BUDGET:.0%}."
+)
+
+
+def memory_rows(records: Sequence[dict], meta: dict) -> list[tuple]:
+    """Per variant, over its records with memory figures (kv_target_bytes, kv_draft_bytes,
+    drafter_bytes): the columns of MEMORY_HEADERS.
+
+    Example: target weights 1060 MB + KV reserved 112 MB, draft weights 463 MB + KV 48 MB, no
+    index -> speculation adds +43.6% (over +40%)."""
+    memory = meta.get("memory") or {}
+    measured = [r for r in records if r.get("kv_target_bytes") and not r.get("error")]
+    rows = []
+    for variant in variant_order(measured):
+        rs = [r for r in measured if variant_label(r) == variant]
+        target = [r["kv_target_bytes"] for r in rs]
+        draft = [r["kv_draft_bytes"] for r in rs if r.get("kv_draft_bytes")]
+        indexes = max(sum((r.get("drafter_bytes") or {}).values()) for r in rs)
+        draft_weights = sum(memory.get(f"{d}_weights_mb") or 0.0 for d in rs[0].get("drafters", ())) * MB
+        target_reserved = max(kv["allocated"] for kv in target)
+        base = (memory.get("target_weights_mb") or 0.0) * MB + target_reserved
+        extra = (draft_weights if draft else 0.0) + max((kv["allocated"] for kv in draft), default=0) + indexes
+        rss_extra = max((r.get("memory_overhead_mb") or 0.0 for r in rs), default=0.0) * MB + indexes
+        rss_base = (memory.get("target_overhead_mb") or 0.0) * MB
+
+        rows.append(
+            (
+                variant,
+                len(rs),
+                _largest([r.get("rss_mb") for r in rs], MB, ".0f"),
+                _largest([r.get("peak_rss_mb") for r in rs], MB, ".0f"),
+                _largest([kv["used"] for kv in target]),
+                _largest([target_reserved]),
+                _largest([kv["used"] for kv in draft]),
+                _largest([indexes]),
+                _share(extra / base) if base else "-",
+                _share(rss_extra / rss_base) if rss_base else "-",
+            )
+        )
+    return rows
+
+
+def _largest(values: Sequence[float | None], unit: float = 1, fmt: str = ".2f") -> str:
+    """The largest of values in MB (unit: the bytes one of them counts, 1 for bytes); '-' for none."""
+    known = [v for v in values if v is not None]
+    return format(max(known) * unit / MB, fmt) if known else "-"
+
+
+def _share(value: float) -> str:
+    return f"+{value:.1%}" + (f" (over +{MEMORY_BUDGET:.0%})" if value > MEMORY_BUDGET else "")
+
+
 def memory_section(records: Sequence[dict], meta: dict) -> list[str]:
-    """The memory probes of the load (bench.runner.load_bench_engine)."""
+    """The memory probes of the load (bench.runner.load_bench_engine) and the models' weights, then
+    per method what its runs held (memory_rows)."""
     out: list[str] = []
     memory = meta.get("memory") or {}
+    rows = memory_rows(records, meta)
+    if memory or rows:
+        out += ["## Memory", ""]
     if memory:
-        out += ["## Memory", "", markdown_table(("measure", "MB"), [(k, v) for k, v in memory.items()]), ""]
+        out += [markdown_table(("measure", "MB"), [(k, v) for k, v in memory.items()]), ""]
+    if rows:
+        out += [MEMORY_NOTE, "", markdown_table(MEMORY_HEADERS, rows), ""]
     return out
 
 
@@ -338,6 +420,7 @@ SECTIONS = (
     tool_calls_section,
     fim_section,
     context_sweep_section,
+    long_context_section,
     time_account_section,
     differences_section,
     memory_section,

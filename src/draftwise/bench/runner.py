@@ -35,7 +35,14 @@ from draftwise.bench.results import (
     save_results,
     unit_key,
 )
-from draftwise.bench.timing import CompetingLoad, WindowClock, current_rss_mb, host_info, peak_rss_mb
+from draftwise.bench.timing import (
+    CompetingLoad,
+    WindowClock,
+    acceptance_windows,
+    current_rss_mb,
+    host_info,
+    peak_rss_mb,
+)
 from draftwise.drafters import ModelDrafter, NgramDrafter
 from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.types import ConfigError, SamplingParams, SpeculationConfig
@@ -176,6 +183,7 @@ class BenchRunner:
                 "records": [],
             }
         self.memory = self.results["meta"].setdefault("memory", {})
+        self._weights()
 
     def _variants(self) -> list[Variant]:
         out = []
@@ -190,6 +198,32 @@ class BenchRunner:
                 for dt in self.config.draft_temperatures if samples else (None,):
                     for b in self.config.branches if trees else (1,):
                         out.append(Variant(m, k, dt, b))
+        return out
+
+    def _weights(self) -> None:
+        """The models' weights as their libraries hold them (weight_bytes), into meta.memory beside
+        the load's resident-memory probes: target_weights_mb and NAME_weights_mb per model drafter."""
+        target = getattr(self.engine, "target", None)  # a wrapped engine (tests) may not show it
+        if target is not None:
+            self.memory.setdefault("target_weights_mb", _mb(target.weight_bytes()))
+        for name, drafter in self.drafter_objects.items():
+            if drafter.backend is not None:
+                self.memory.setdefault(f"{name}_weights_mb", _mb(drafter.backend.weight_bytes()))
+
+    def _memory(self, variant: Variant) -> dict:
+        """What a run leaves held, in bytes: kv_target_bytes (the target's KV cache, allocated and
+        used), kv_draft_bytes (the draft model's, where the method has one) and drafter_bytes (each
+        of its other drafters' state, memory_bytes(): n-gram and suffix indexes, the datastore)."""
+        out: dict = {}
+        target = getattr(self.engine, "target", None)
+        if target is not None:
+            kv = target.kv_bytes()
+            out["kv_target_bytes"] = {"allocated": kv["allocated"], "used": kv["used"]}
+        drafters = [self.drafter_objects[d] for d in variant.method.drafters]
+        caches = [d.backend.kv_bytes() for d in drafters if d.backend is not None]
+        if caches:
+            out["kv_draft_bytes"] = {key: sum(kv[key] for kv in caches) for key in ("allocated", "used")}
+        out["drafter_bytes"] = {d.name: d.memory_bytes() for d in drafters if d.backend is None}
         return out
 
     def _uses_model(self, variant: Variant) -> bool:
@@ -330,7 +364,7 @@ class BenchRunner:
             top_p=cfg.top_p,
             min_p=cfg.min_p,
             seed=cfg.seed,
-            max_tokens=cfg.max_tokens,
+            max_tokens=_max_tokens(original, cfg),
             ignore_eos=cfg.ignore_eos,
         )
         runs: dict[tuple[int, int], list[dict]] = {}
@@ -440,7 +474,7 @@ class BenchRunner:
             "temperature": temperature,
             "context_tokens": ctx,
             "seed": cfg.seed,
-            "max_tokens": cfg.max_tokens,
+            "max_tokens": _max_tokens(original, cfg),
             "repeats": len(tries),
             "cold_prefill_ms": cold.get("", {}).get("prefill_ms"),
             "cold_draft_ms": _cold_draft_ms(variant, cold, self._uses_model(variant)),
@@ -529,11 +563,15 @@ class BenchRunner:
             "position_accepted": list(stats.position_accepted),
             "window_tokens": self.config.window_tokens,
             "tokens_per_second_windows": windows,
+            "acceptance_windows": acceptance_windows(stats.step_tokens, self.config.window_tokens),
+            # The first text's arrival, from the request (prompt read, or reused, and one step).
+            "ttft_ms": round(1000 * clock.times[0], 3) if clock.times else None,
             "wall_ms": wall_ms,
             "load_avg_1m": round(os.getloadavg()[0], 2),  # includes the bench's own threads
             "other_cpu_share": round(competing.share(), 3),  # what other processes took of the machine
             "rss_mb": round(current_rss_mb(), 1),
             "peak_rss_mb": round(peak_rss_mb(), 1),
+            **self._memory(variant),
             "text": result.text,
             "_token_ids": list(result.token_ids),
             "_prompt": (prompt_ids, messages),  # encoded only if an answer differs (_explain_differences)
@@ -542,6 +580,15 @@ class BenchRunner:
         if result.spans is not None:
             run["spans"] = compact_spans(result.spans)
         return run
+
+
+def _max_tokens(prompt: Prompt, config: BenchConfig) -> int:
+    """The prompt's own answer length where its file sets one (the long suite's), else --max-tokens."""
+    return prompt.max_tokens or config.max_tokens
+
+
+def _mb(num_bytes: int) -> float:
+    return round(num_bytes / 2**20, 1)
 
 
 def _constrained(sampling: SamplingParams, schema: Any, variant: Variant) -> SamplingParams:

@@ -80,6 +80,41 @@ class WindowClock:
         return out
 
 
+def acceptance_windows(step_tokens: Sequence[Sequence[int]], window: int = 32) -> list[float | None]:
+    """Acceptance over the output: per window of `window` output tokens, draft tokens accepted
+    over draft tokens verified in the steps that began in it (None: no step there drafted).
+
+    step_tokens holds per step (tokens committed, drafted, accepted), as RequestStats keeps them.
+    Example: steps (3, 4, 2), (1, 0, 0), (5, 4, 4) with window 4 -> [0.5, 1.0]: the first step
+    begins at token 0, the second at 3 (both window 0), the third at 4 (window 1).
+    """
+    drafted: dict[int, int] = {}
+    accepted: dict[int, int] = {}
+    position = 0
+    for committed, d, a in step_tokens:
+        w = position // window
+        drafted[w] = drafted.get(w, 0) + d
+        accepted[w] = accepted.get(w, 0) + a
+        position += committed
+    last = max(drafted, default=-1)
+    return [round(accepted[w] / drafted[w], 4) if drafted.get(w) else None for w in range(last + 1)]
+
+
+def block_rates(windows: Sequence[float | None], window: int, block: int = 512) -> list[float | None]:
+    """Tokens/s over blocks of `block` output tokens from per-window rates (time-weighted: a
+    block's tokens over the sum of its windows' times). Example: windows [10, 20] of 32 tokens,
+    block 64 -> [64 / (3.2 + 1.6)] = [13.33]."""
+    per = max(1, block // window)
+    out: list[float | None] = []
+    for i in range(0, len(windows), per):
+        chunk = windows[i : i + per]
+        if len(chunk) < per or any(not v for v in chunk):
+            out.append(None)
+            continue
+        out.append(round(window * len(chunk) / sum(window / v for v in chunk), 2))
+    return out
+
+
 def current_rss_mb() -> float:
     """Resident set size of this process now, in MB (file-backed model pages included)."""
     import psutil

@@ -26,6 +26,7 @@ from draftwise.types import SamplingParams
 
 # Tokens per turn unless --max-tokens says otherwise: the quick suite is a smoke run.
 QUICK_MAX_TOKENS, MAX_TOKENS = 128, 256
+SOAK_PROGRESS_EVERY_S = 10.0  # bench-serve --duration: seconds between progress lines (failures always show)
 SAMPLING = SamplingParams()
 
 
@@ -33,7 +34,8 @@ SAMPLING = SamplingParams()
 @click.option(
     "--suite",
     default=None,
-    help="Shipped prompts: quick (2 per category), full, or one category's file. Default: quick.",
+    help="Shipped prompts: quick (2 per category), full, or one category's file; long (opt-in, not in "
+    "full: 8k-28k token contexts, needs --n-ctx 32768). Default: quick.",
 )
 @click.option(
     "--prompts",
@@ -182,7 +184,7 @@ def bench(
         min_p=min_p,
         ignore_eos=ignore_eos,
     )
-    n_ctx = _fitting_context(config, n_ctx)
+    n_ctx = _fitting_context(config, n_ctx, chosen)
     if not any(not m.enabled for m in specs):
         click.echo("note: no baseline among the methods, so speedup and identical are not computed", err=True)
     options = replace(load_options(backend, n_ctx, threads, dtype, device), n_seq_max=max(config.branches))
@@ -225,9 +227,16 @@ def bench(
     _print_bench_tables(results)
 
 
-def _fitting_context(config, n_ctx: int) -> int:
-    """n_ctx, raised (with a note) to hold the longest prompt (padded or shipped) plus two turns of output."""
-    needed = (max(config.context_lengths) if config.context_lengths else 1536) + 2 * config.max_tokens + 256
+def _fitting_context(config, n_ctx: int, prompts=()) -> int:
+    """n_ctx, raised (with a note) to hold the longest prompt (padded or shipped) plus two turns of
+    output, or a long conversation whole: its turns and an answer of its length to each. A prompt's
+    tokens are guessed from its characters (4.5 a token: the long suite's source files run 4.7
+    with the default tokenizer, dense code 3.5-4), before any tokenizer is loaded; a guess short
+    of the truth shows as that prompt's context error in the report, never as a window beyond
+    the model's."""
+    longest = max((_guess_tokens(p, config.max_tokens) for p in prompts), default=0)
+    shipped = max(config.context_lengths) if config.context_lengths else 1536
+    needed = max(shipped + 2 * config.max_tokens, longest) + 256
     if needed > n_ctx:
         click.echo(f"note: raising --n-ctx from {n_ctx} to {needed} to fit the prompts and --max-tokens", err=True)
     return max(n_ctx, needed)
@@ -280,9 +289,17 @@ def _print_bench_tables(results: dict) -> None:
 @click.option("--model", default=None, help="The requests' model field. Default: the first one /v1/models lists.")
 @click.option(
     "--suite",
-    default="quick",
-    show_default=True,
-    help="Shipped prompts (the first turn of each): quick, full, or one category's file.",
+    default=None,
+    help="Shipped prompts (the first turn of each): quick, full, or one category's file. "
+    "Default: quick, unless --prompts is given; with --prompts, both sets are sent.",
+)
+@click.option(
+    "--prompts",
+    "prompts_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="A Spec-Bench-style JSONL prompt file (the first turn of each); a prompt's own max_tokens, "
+    "where the file sets one, overrides --max-tokens.",
 )
 @click.option(
     "--concurrency",
@@ -298,8 +315,38 @@ def _print_bench_tables(results: dict) -> None:
     type=click.IntRange(min=1),
     default=16,
     show_default=True,
-    help="Requests per level, shared by its clients.",
+    help="Requests per level, shared by its clients (not with --duration).",
 )
+@click.option(
+    "--duration",
+    "duration_min",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Soak: minutes for which the clients of the one --concurrency level keep sending requests, "
+    "while the server's RSS is sampled; the report says whether RSS stayed flat and nothing failed.",
+)
+@click.option(
+    "--rss-every",
+    type=click.FloatRange(min=0, min_open=True),
+    default=10.0,
+    show_default=True,
+    help="--duration: seconds between samples of the server's RSS.",
+)
+@click.option(
+    "--warm-minutes",
+    type=click.FloatRange(min=0),
+    default=5.0,
+    show_default=True,
+    help="--duration: RSS must stay within 5% of its value at this minute from then on.",
+)
+@click.option(
+    "--server-pid",
+    type=int,
+    default=None,
+    help="--duration with --url: the server's process id, whose RSS (children included) is sampled. "
+    "A started server's is sampled without it.",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="--duration: the clients' prompt orders.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True)
 @click.option(
     "--timeout",
@@ -380,8 +427,14 @@ def bench_serve(
     api_key,
     model,
     suite,
+    prompts_file,
     levels,
     num_requests,
+    duration_min,
+    rss_every,
+    warm_minutes,
+    server_pid,
+    seed,
     max_tokens,
     timeout_s,
     label,
@@ -400,11 +453,12 @@ def bench_serve(
     """Load-test an OpenAI-compatible server: C streaming clients per level; tok/s, TTFT and latency percentiles.
 
     Writes results.json, report.md and throughput.png to --out. With --compare, reads earlier runs instead.
+    With --duration, a soak: one level for that long, the server's RSS sampled (rss.png).
     """
     import shlex
 
     from draftwise.bench import load, load_report
-    from draftwise.bench.prompts import load_suite
+    from draftwise.bench.prompts import load_prompts, load_suite
 
     out = Path(out_dir)
     if compare or compare_dirs:
@@ -420,8 +474,34 @@ def bench_serve(
         raise click.BadParameter(f"levels must be >= 1, got {','.join(map(str, levels))}", param_hint="--concurrency")
     if url and serve_args:
         raise click.UsageError("--serve-args is for the server bench-serve starts; it cannot change the one at --url")
+    if duration_min is not None:
+        if len(levels) != 1:
+            raise click.UsageError(
+                f"--duration runs one concurrency level for the whole time; give one with --concurrency "
+                f"(got {','.join(map(str, levels))})"
+            )
+        if keystrokes:
+            raise click.UsageError("--duration is a soak of chat requests; it does not go with --keystrokes")
+    if server_pid is not None and (duration_min is None or not url):
+        raise click.UsageError("--server-pid goes with --duration and --url (a started server's RSS is sampled anyway)")
+    pool, sources = [], []
+    if prompts_file:
+        pool += load_prompts(prompts_file)
+        sources.append(str(prompts_file))
+    if suite or not prompts_file:
+        pool += load_suite(suite or "quick")
+        sources.append(f"suite {suite or 'quick'}")
     # Chat prompts only: a fill-in-the-middle cut (suffix) or a tool prompt is another request shape.
-    prompts = [p.turns[0] for p in load_suite(suite) if p.suffix is None and not p.tools]
+    # NOTE: getattr: a prompt's max_tokens is optional in the file format.
+    prompts = [
+        (p.turns[0], getattr(p, "max_tokens", None)) if getattr(p, "max_tokens", None) else p.turns[0]
+        for p in pool
+        if p.suffix is None and not p.tools
+    ]
+    if not prompts:
+        raise ConfigError(
+            f"no chat prompts in {' and '.join(sources)} (fill-in-the-middle and tool prompts are not sent)"
+        )
     server = (
         contextlib.nullcontext()
         if url
@@ -429,7 +509,7 @@ def bench_serve(
     )
     meta = {
         "label": label or ("draftwise" if not url else url),
-        "prompts": f"suite {suite}",
+        "prompts": " + ".join(sources),
         "command": shlex.join(["draftwise", *load.redact_api_keys(sys.argv[1:])]),
     }
     with server as started:
@@ -464,6 +544,53 @@ def bench_serve(
             click.echo(ks.markdown(results))
             return
 
+        if duration_min is not None:
+            pid = server_pid if url else started.proc.pid
+            if pid is None:
+                click.echo("note: RSS is not sampled: give --server-pid PID of the server at --url", err=True)
+            last_said = [float("-inf")]
+
+            def said(record, t_s: float, rss_mb: float | None) -> None:
+                # One line per failure, else at most one every PROGRESS_EVERY_S.
+                if record.ok and t_s - last_said[0] < SOAK_PROGRESS_EVERY_S:
+                    return
+                last_said[0] = t_s
+                rss = f", server RSS {rss_mb:.0f} MiB" if rss_mb is not None else ""
+                outcome = (
+                    f"{record.num_tokens} tokens in {record.latency_s:.1f} s"
+                    if record.ok
+                    else (f"FAILED ({record.status}): {record.error}")
+                )
+                click.echo(
+                    f"{t_s / 60:6.2f} min: request {record.index} (prompt {record.prompt}) {outcome}{rss}", err=True
+                )
+
+            results = load.run_soak(
+                url or started.url,
+                prompts,
+                levels[0],
+                duration_min * 60,
+                server_pid=pid,
+                rss_every_s=rss_every,
+                warm_s=warm_minutes * 60,
+                seed=seed,
+                max_tokens=max_tokens,
+                model=model,
+                api_key=api_key,
+                timeout_s=timeout_s,
+                meta=meta,
+                progress=said,
+            )
+            report = load_report.write_outputs(results, out)
+            summary = results["soak"]["summary"]
+            click.echo(f"results: {out / 'results.json'}\nreport: {report}", err=True)
+            click.echo(load_report.level_table(results))
+            click.echo(
+                f"soak: {summary['num_ok']} requests done, {summary['num_errors']} failed; RSS flat: "
+                f"{load_report.verdict_word(summary['flat'])}; passed: {load_report.verdict_word(summary['passed'])}"
+            )
+            return
+
         def say(s: dict) -> None:
             click.echo(
                 f"C={s['concurrency']}: {s['num_requests']} requests, {s['num_errors']} errors, "
@@ -486,3 +613,10 @@ def bench_serve(
     report = load_report.write_outputs(results, out)
     click.echo(f"results: {out / 'results.json'}\nreport: {report}", err=True)
     click.echo(load_report.level_table(results))
+
+
+def _guess_tokens(prompt, max_tokens: int) -> int:
+    """A conversation's tokens at its end: every turn's characters / 4.5 and an answer to each."""
+    answer = prompt.max_tokens or max_tokens
+    chars = sum(len(t) for t in prompt.turns) + len(prompt.suffix or "")
+    return int(chars / 4.5) + answer * len(prompt.turns)

@@ -1,12 +1,15 @@
 """The Drafter seam: `propose(context, max_tokens) -> Draft` and `accept(n)` feedback.
 
 `begin(sampling, speculation, prompt, tokenizer)` starts a request; drafters keep whatever
-state they need (a KV cache, an index) in step with the committed context they are shown.
-BaseDrafter gives the optional parts (parallel slots, a history kept across requests) defaults.
+state they need (a KV cache, an index) in step with the committed context they are shown, and
+`memory_bytes()` says how much that state holds. BaseDrafter gives the optional parts (parallel
+slots, a history kept across requests, no state) defaults.
 """
 
 from __future__ import annotations
 
+import struct
+import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -15,6 +18,20 @@ from draftwise.types import ConfigError, Draft, SamplingParams, SpeculationConfi
 if TYPE_CHECKING:
     from draftwise.backends.base import Backend, Tokenizer
     from draftwise.constraints import Grammar
+
+# What the Python objects of a lookup index take on this interpreter (sys.getsizeof): a drafter's
+# memory_bytes() multiplies the counts of its entries by these instead of walking its index
+# (tests/unit/test_drafter_memory.py checks the estimates against tracemalloc).
+POINTER = struct.calcsize("P")
+LIST_SLOT = POINTER * 9 // 8  # a list grown by appends over-allocates by about an eighth
+INT = sys.getsizeof(2**20)  # a position (or token id) past CPython's cache of small ints
+NEW_LIST = sys.getsizeof([0, 0, 0, 0])  # a list's header and its first allocation (4 slots)
+DICT_ENTRY = 48  # a dict's entry and index, amortised over its doublings (30-52 measured)
+
+
+def tuple_bytes(n: int) -> int:
+    """A tuple of n items (an n-gram key)."""
+    return sys.getsizeof(tuple(range(n)))
 
 
 @runtime_checkable
@@ -71,6 +88,13 @@ class Drafter(Protocol):
         """Go back to a snapshot(): benchmarks start every method from the same state."""
         ...
 
+    def memory_bytes(self) -> int:
+        """The memory this drafter's own state holds now, in bytes (an index, a history; a draft
+        model: its KV cache's used bytes, its weights counted apart). Cheap enough to call once a
+        request: counts of entries times their size, never a walk over the index. Each drafter's
+        docstring states its bound."""
+        ...
+
 
 class BaseDrafter:
     """Defaults for the optional parts of the Drafter seam: no model, nothing reused, no
@@ -103,6 +127,9 @@ class BaseDrafter:
 
     def restore(self, state: Any) -> None:
         pass
+
+    def memory_bytes(self) -> int:
+        return 0
 
 
 class Follower:

@@ -29,11 +29,12 @@ It is a deterministic proposal like any lookup: verification decides, the output
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from draftwise.backends.base import Tokenizer
-from draftwise.drafters.base import BaseDrafter
+from draftwise.drafters.base import POINTER, BaseDrafter
 from draftwise.types import CALL_ANY, CALL_HOLE, Draft, SamplingParams, SpeculationConfig
 
 if TYPE_CHECKING:
@@ -46,6 +47,7 @@ WINDOW = 2048  # characters of the answer searched for a call's start
 MAX_STARTS = 8  # latest candidate starts tried
 BOUNDARY = 2  # tokens of the answer re-encoded with the proposal (a merge across the boundary)
 MAX_VALUE = 256  # characters of a value copied from the prompt
+PIECE = sys.getsizeof("abcd")  # one token's text (memory_bytes)
 # Where a value copied from the prompt ends: a quote, a backtick or a line's end; a value without
 # a space so far also ends at a space. Trailing punctuation is the prompt's sentence, not the value.
 VALUE_ENDS, WORD_ENDS, TRAILING = '"`\n', " \t", ".,;:!?)"
@@ -150,6 +152,12 @@ class CallsDrafter(BaseDrafter):
 
     def for_slot(self, slot: int) -> CallsDrafter:
         return CallsDrafter(self.name, self.tokenizer)
+
+    def memory_bytes(self) -> int:
+        """The request's prompt as text and the answer's token texts (PIECE bytes each, a short
+        str): bounded by the context, so by the target's n_ctx, a few MB at most; the tools'
+        call templates are small. Replaced by the next request's (begin)."""
+        return sys.getsizeof(self._prompt_text) + len(self._pieces) * (POINTER + PIECE)
 
     def begin(
         self,

@@ -114,6 +114,13 @@ class DatastoreDrafter(BaseDrafter):
         """Another slot's drafter over the same (read-only, memory-mapped) datastore."""
         return copy.copy(self)
 
+    def memory_bytes(self) -> int:
+        """The corpus's tokens and suffix array, memory-mapped read-only (resident as the pages
+        are read; the kernel may drop them again). Fixed at load: the size of the datastore on
+        disk (4 + 4 bytes a corpus token, `draftwise index build --max-tokens` bounds it), shared
+        by every slot's copy, growing with nothing."""
+        return int(self.tokens.nbytes + self.sa.nbytes)
+
     def _compare(self, start: int, pattern: list[int]) -> int:
         """Sign of corpus[start:start+m] vs pattern, lexicographically (shorter = smaller)."""
         # NOTE: Python lists compare lexicographically, shorter first, in C; a few tokens

@@ -47,6 +47,12 @@ class ModelDrafter(BaseDrafter):
         self.num_reused_tokens = 0
         self._first_proposal = True
 
+    def memory_bytes(self) -> int:
+        """The draft model's KV cache in use (its backend's kv_bytes()["used"]): bounded by the
+        draft's n_ctx, which llama.cpp reserves whole up front (kv_bytes()["allocated"]). Its
+        weights are counted apart (the backend's weight_bytes())."""
+        return int(self.backend.kv_bytes()["used"])
+
     def for_slot(self, slot: int) -> ModelDrafter:
         """A drafter on the draft model's sequence `slot` (the draft is loaded with slots too)."""
         if num_slots(self.backend) <= slot:

@@ -11,7 +11,16 @@ from collections import defaultdict, deque
 from collections.abc import Sequence
 
 from draftwise.backends.base import common_prefix_length
-from draftwise.drafters.base import BaseDrafter, Follower
+from draftwise.drafters.base import (
+    DICT_ENTRY,
+    INT,
+    LIST_SLOT,
+    NEW_LIST,
+    POINTER,
+    BaseDrafter,
+    Follower,
+    tuple_bytes,
+)
 from draftwise.drafters.continuation import frequency_walk
 from draftwise.types import Draft
 
@@ -38,6 +47,7 @@ class SuffixDrafter(BaseDrafter):
         self._tokens: list[int] = []  # all docs + the live context, separated by SEPARATOR
         self._index: dict[tuple[int, ...], list[int]] = defaultdict(list)  # n-gram -> continuation starts
         self._live_start = 0  # where the live (current) context begins in _tokens
+        self._num_positions = 0  # continuation starts held in _index (memory_bytes)
         self.last_confidences: list[float] = []
         self.last_kind = ""  # "live" or "history": where the last match was found
         self._follow = Follower()
@@ -48,10 +58,11 @@ class SuffixDrafter(BaseDrafter):
         end = len(self._tokens)
         if end - self._live_start >= self.min_n:
             self._index[tuple(self._tokens[end - self.min_n :])].append(end)
+            self._num_positions += 1
 
     def _rebuild(self) -> None:
         live = self._tokens[self._live_start :]
-        self._tokens, self._index = [], defaultdict(list)
+        self._tokens, self._index, self._num_positions = [], defaultdict(list), 0
         for doc in self._docs:
             self._live_start = len(self._tokens)
             for t in doc:
@@ -94,11 +105,30 @@ class SuffixDrafter(BaseDrafter):
         docs, tokens, index, live_start = state
         self._docs, self._tokens, self._live_start = deque(docs), list(tokens), live_start
         self._index = defaultdict(list, {k: list(v) for k, v in index.items()})
+        self._num_positions = sum(len(v) for v in self._index.values())
         self._follow.checked = False  # the next context is compared with the restored one in full
 
     @property
     def num_history_tokens(self) -> int:
         return sum(len(d) for d in self._docs)
+
+    def memory_bytes(self) -> int:
+        """History and live context: a list slot per token in the joined list and again in its
+        document's list (the ids are the contexts' own objects), a position per token and a key
+        per distinct min_n-gram. An upper estimate, like NgramDrafter's.
+
+        Bounded: the history keeps at most max_history_tokens (200k by default; the oldest
+        documents go first), the live context at most the target's n_ctx. At most about 0.25 KB
+        a token (every n-gram new; 0.13 KB on text that repeats itself): 50 MB at the default
+        cap, plus the live context. Each slot's drafter has a history of its own."""
+        docs = len(self._docs)
+        return (
+            len(self._tokens) * LIST_SLOT
+            + docs * (NEW_LIST + POINTER)
+            + self.num_history_tokens * POINTER
+            + self._num_positions * (INT + LIST_SLOT)
+            + len(self._index) * (tuple_bytes(self.min_n) + NEW_LIST + DICT_ENTRY)
+        )
 
     # ---------------------------------------------------------------- drafting
 

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 
-from draftwise.batching import PREFILL_CHUNK, Batcher, Done, Emitted, Failed
+from draftwise.batching import PREFILL_CHUNK, SOLO_PREFILL_CHUNK, Batcher, Done, Emitted, Failed
 from draftwise.engine import Engine, Generation, Result
 from draftwise.server.metrics import ServerMetrics
 from draftwise.types import SamplingParams, SpeculationConfig
@@ -277,8 +277,8 @@ class Serving:
 
     def _work(self) -> None:
         """Continuous batching: admit queued jobs into free slots between steps, step, route events.
-        With one slot nothing else can be decoding, so a prompt is read whole."""
-        chunk = self.prefill_chunk if self.engine.num_slots > 1 else None
+        With one slot nothing else can be decoding: a prompt is read in SOLO_PREFILL_CHUNK-row chunks."""
+        chunk = self.prefill_chunk if self.engine.num_slots > 1 else SOLO_PREFILL_CHUNK
         batcher = Batcher(self.engine, prefill_chunk=chunk)
         jobs: dict[int, tuple[Job, bool]] = {}  # id(generation) -> (job, cache visible)
         stopping = False
