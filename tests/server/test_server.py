@@ -304,6 +304,11 @@ def test_metrics_count_what_was_served(start_server):
         "draftwise_time_to_first_token_seconds_count",
     ):
         assert re.search(rf"^{re.escape(name)} ", text, re.MULTILINE), name
+    # Memory: the process's, the KV caches' (the prompts' tokens are held) and the drafters' state.
+    assert metric(live.url, "process_resident_memory_bytes") > 0
+    assert metric(live.url, 'draftwise_kv_cache_bytes{kind="used",model="target"}') > 0
+    assert metric(live.url, 'draftwise_kv_cache_bytes{kind="used",model="draft"}') > 0
+    assert re.search(r"^draftwise_drafter_state_bytes\{drafter=", text, re.MULTILINE)
 
 
 # ---------------------------------------------------------------------- concurrency

@@ -11,7 +11,15 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 
 from draftwise.metrics import RequestStats
 
@@ -28,6 +36,7 @@ class ServerMetrics:
         self._totals = {"generated": 0, "drafted": 0, "accepted": 0, "steps": 0, "decode_s": 0.0}
         self._position_drafted: list[int] = []
         self._position_accepted: list[int] = []
+        self._memory_tracked = False
 
         self.requests = Counter(
             "draftwise_requests",
@@ -108,6 +117,36 @@ class ServerMetrics:
             "draftwise_last_batch_rows", "Target rows in the last batched forward (the chat page's panel).", registry=r
         )
 
+    def track_memory(self, engine) -> None:
+        """Memory gauges read at each scrape: the process's resident memory (prometheus_client's
+        process collector), the KV caches' bytes per model (reserved and used, kv_bytes()) and
+        the drafters' own state summed over the open slots (memory_bytes(): indexes, history).
+        Once per server (a second call, another Serving on the same metrics, adds nothing)."""
+        if self._memory_tracked:
+            return
+        self._memory_tracked = True
+        ProcessCollector(registry=self.registry)
+        kv = Gauge(
+            "draftwise_kv_cache_bytes",
+            "KV cache bytes by model (target, or a draft model drafter's name) and kind (reserved, used).",
+            ["model", "kind"],
+            registry=self.registry,
+        )
+        models = {"target": engine.target}
+        models.update({d.name: d.backend for d in engine.drafters if getattr(d, "backend", None) is not None})
+        for name, backend in models.items():
+            kv.labels(name, "reserved").set_function(lambda b=backend: b.kv_bytes()["allocated"])
+            kv.labels(name, "used").set_function(lambda b=backend: b.kv_bytes()["used"])
+        state = Gauge(
+            "draftwise_drafter_state_bytes",
+            "What each drafter's state holds over the open slots (n-gram and suffix indexes, history, datastore).",
+            ["drafter"],
+            registry=self.registry,
+        )
+        for drafter in engine.drafters:
+            if getattr(drafter, "backend", None) is None:
+                state.labels(drafter.name).set_function(lambda n=drafter.name: _drafter_bytes(engine, n))
+
     def observe_batch(self, rows: int) -> None:
         self.batch_rows.observe(rows)
         self.last_batch_rows.set(rows)
@@ -167,3 +206,8 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _drafter_bytes(engine, name: str) -> int:
+    """A drafter's state summed over the engine's open slots (each slot's drafters are its own)."""
+    return sum(d.memory_bytes() for slot in engine.pool.open_slots() for d in slot.drafters if d.name == name)

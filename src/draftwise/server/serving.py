@@ -142,6 +142,7 @@ class Serving:
         self._cache_tenant: dict[int, int | None] = {}
         self.metrics.track_queue(lambda: self._queue.qsize(), lambda: len(self.running))
         self.metrics.slots_total.set(engine.num_slots)
+        self.metrics.track_memory(engine)
 
     @property
     def queue_length(self) -> int:
