@@ -91,16 +91,24 @@ def test_long_outputs_show_speed_per_512_tokens_and_how_it_holds():
     (row,) = long_context.output_rows(records)
     assert row[3] == 1536
     assert row[4:9] == ("20.0", "18.0", "0.90", "0.80", "-")  # no calibration: nothing expected
-    # With the run's curve (30 ms a row at 256 tokens, +10 ms per 1,000 tokens of context), plain
-    # decoding is expected to slow from 30 ms (the first block's middle, token 256) to
-    # 30 + 1.024 * 10 ms (the last block's middle, token 1,280).
+    # With the run's curve (30 ms a row, 40 for two, at 256 tokens; +10 ms + 5 ms a row per 1,000
+    # tokens of context), the first block's steps are priced at their context and 1,024 tokens
+    # later (the last block of three): one-row steps of plain decoding, two-row steps of a method.
     meta = {
         "calibration": {"target": {"1": 30.0, "2": 40.0}},
-        "calibration_context": {"target": {"context_len": 256, "growth": [10.0, 0.0]}},
+        "calibration_context": {"target": {"context_len": 256, "growth": [10.0, 5.0]}},
     }
-    records[0]["num_prompt_tokens"] = 0
-    (row,) = long_context.output_rows(records, meta)
-    assert row[8] == f"{30 / (30 + 1.024 * 10):.2f}"
+    plain = dict(records[0], num_prompt_tokens=256, step_tokens=[(1, 0, 0)] * 1536)
+    plain["step_times"] = [(1, 256 + i, 30.0, 30.0) for i in range(1536)]
+    first = [30 + (i / 1000) * 15 for i in range(512)]
+    later = [30 + ((i + 1024) / 1000) * 15 for i in range(512)]
+    (row,) = long_context.output_rows([plain], meta)
+    assert row[8] == f"{sum(first) / sum(later):.2f}"
+    drafting = dict(plain, step_tokens=[(2, 1, 1)] * 768, step_times=[(2, 256 + 2 * i, 40.0, 40.0) for i in range(768)])
+    first = [40 + (2 * i / 1000) * 20 for i in range(256)]
+    later = [40 + ((2 * i + 1024) / 1000) * 20 for i in range(256)]
+    (row,) = long_context.output_rows([drafting], meta)
+    assert row[8] == f"{sum(first) / sum(later):.2f}"
 
 
 def test_the_report_draws_the_long_context_plots(tmp_path):

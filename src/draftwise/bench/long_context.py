@@ -119,22 +119,34 @@ def target_curve(meta: dict):
     return CostCurve.from_points(points, where.get("context_len", 0), where.get("growth", (0.0, 0.0)))
 
 
-def plain_expected(record: dict, curve) -> float | None:
-    """What the context's growth alone does to plain decoding over an answer, by the calibrated
-    curve: a one-row forward's cost in the first block over its cost in the last block (the
-    tok/s ratio last/first plain decoding should show). None without a curve."""
-    if curve is None or curve.growth == (0.0, 0.0):
+def curve_expected(record: dict, curve) -> float | None:
+    """What the context's growth alone does to a method's speed over an answer, by the calibrated
+    curve: the first block's steps (their rows as they were) priced at their own context over the
+    same steps priced as far into the answer as the last block (the tok/s ratio last/first to
+    expect if drafting went on alike). Plain decoding's steps are one row each; a method's long
+    drafts are many-row forwards, whose cost grows faster with the context. None without a curve
+    or the record's steps."""
+    steps, tokens = record.get("step_times") or [], record.get("step_tokens") or []
+    blocks = record.get("num_generated", 0) // BLOCK
+    if curve is None or curve.growth == (0.0, 0.0) or blocks < 2 or len(steps) != len(tokens):
         return None
-    start = record.get("num_prompt_tokens", 0)
-    n = record.get("num_generated", 0)
-    last = start + BLOCK * (n // BLOCK) - BLOCK // 2
-    return curve.ms(1, start + BLOCK // 2) / curve.ms(1, last)
+    first, position = [], 0
+    for (rows, ctx, _, _), (committed, _, _) in zip(steps, tokens):
+        if position >= BLOCK:
+            break
+        if rows:
+            first.append((rows, ctx))
+        position += committed
+    if not first:
+        return None
+    shift = BLOCK * (blocks - 1)
+    return sum(curve.ms(n, c) for n, c in first) / sum(curve.ms(n, c + shift) for n, c in first)
 
 
 def output_rows(records: Sequence[dict], meta: dict | None = None) -> list[tuple]:
     """Per long answer: question, category, method, tokens, first block tok/s, last block, the
-    slowest block over the first, what the calibrated curve expects of plain decoding's
-    last/first from the context's growth alone, and the method's speedup."""
+    slowest block over the first, what the calibrated curve expects of last/first from the
+    context's growth alone (curve_expected), and the method's speedup."""
     curve = target_curve(meta or {})
     rows = []
     for r in records:
@@ -153,7 +165,7 @@ def output_rows(records: Sequence[dict], meta: dict | None = None) -> list[tuple
                 f"{blocks[-1]:.1f}",
                 f"{blocks[-1] / blocks[0]:.2f}",
                 f"{min(blocks) / blocks[0]:.2f}",
-                "-" if (e := plain_expected(r, curve)) is None else f"{e:.2f}",
+                "-" if (e := curve_expected(r, curve)) is None else f"{e:.2f}",
                 "-" if r.get("speedup") is None else f"{r['speedup']:.2f}x",
             )
         )
@@ -169,7 +181,7 @@ OUTPUT_HEADERS = (
     "last 512 tok/s",
     "last/first",
     "slowest/first",
-    "plain last/first by the curve",
+    "last/first by the curve",
     "speedup",
 )
 
@@ -191,8 +203,9 @@ def long_context_section(records: Sequence[dict], meta: dict) -> list[str]:
             "### Long outputs",
             "",
             f"Answers of {LONG_OUTPUT}+ tokens in blocks of {BLOCK} tokens (decode tok/s of each block; "
-            "last/first and slowest/first: how speed holds over the answer; plain last/first by the curve: "
-            "what the growing context alone costs a one-row forward, from the run's calibration).",
+            "last/first and slowest/first: how speed holds over the answer; by the curve: what the growing "
+            "context alone does to it, the first block's steps priced by the run's calibration at their own "
+            "context and as far into the answer as the last block).",
             "",
             markdown_table(OUTPUT_HEADERS, rows),
             "",
