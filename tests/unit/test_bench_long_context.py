@@ -53,6 +53,7 @@ def _record(method, prompt_tokens, *, turn=0, generated=64, speedup=None, window
         "speedup": speedup,
         "identical_to_baseline": True,
         "cold_prefill_ms": 2000.0 * prompt_tokens / 1000,
+        "cold_reused_tokens": 0,
         "prefill_ms": 5.0,
         "decode_ms": 1000.0 * generated / 10.0,
         "verify_ms": 900.0 * generated / 10.0,
@@ -71,14 +72,19 @@ def test_the_section_groups_by_the_context_read_and_shows_prefill_and_ttft():
         _record("auto", 30000, speedup=1.0),
         _record("auto", 30500, turn=3, speedup=1.2),  # a later turn: no cold prefill of its own
     ]
+    # A second prompt on the same context: its cold read took 29,900 tokens from the one before.
+    records.append(dict(_record("auto", 30000, speedup=1.1), question_id=2, cold_prefill_ms=300.0))
+    records[-1]["cold_reused_tokens"] = 29_900
     rows = {(r[0], r[1]): r for r in long_context.context_rows(records)}
     assert set(rows) == {("8k+", "baseline"), ("8k+", "auto"), ("24k+", "baseline"), ("24k+", "auto")}
     auto_long = rows["24k+", "auto"]
-    assert auto_long[2] == 2  # both turns read 24k+ tokens
-    assert auto_long[4] == "60.0"  # the first turn's cold prefill: 2 ms a token x 30,000
-    assert auto_long[5] == "500"  # prompt tokens/s of that prefill
+    assert auto_long[2] == 3  # both turns of the first, and the second prompt, read 24k+ tokens
+    assert auto_long[4] == "60.0"  # the longest cold prefill: 2 ms a token x 30,000
+    assert auto_long[5] == f"{(30_000 + 100) / 60.3:.0f}"  # tokens read (not reused) over the time
     assert auto_long[6] == "60.1"  # + its first step (ttft 105 ms - its own 5 ms of prefill)
-    assert auto_long[8] == f"{(1.0 * 1.2) ** 0.5:.2f}x"
+    assert auto_long[8] == f"{(1.0 * 1.2 * 1.1) ** (1 / 3):.2f}x"
+    unknown = [dict(r, cold_reused_tokens=None) for r in records]  # results made before the field
+    assert {r[5] for r in long_context.context_rows(unknown)} == {"-"}
     text = "\n".join(long_context.long_context_section(records, {}))
     assert "## Long context" in text and "24k+" in text
     # Short runs get no such section.

@@ -325,7 +325,11 @@ class BenchRunner:
                 )
             except Exception:  # the measured runs will record the failure
                 continue
-            out[name] = {"prefill_ms": result.stats.prefill_ms, "draft_ms": result.stats.draft_ms}
+            out[name] = {
+                "prefill_ms": result.stats.prefill_ms,
+                "draft_ms": result.stats.draft_ms,
+                "reused": result.stats.num_reused_tokens,
+            }
             if not name:
                 rss_before = current_rss_mb()
         if "draft_runtime_overhead_mb" not in self.memory and any(
@@ -477,6 +481,8 @@ class BenchRunner:
             "max_tokens": _max_tokens(original, cfg),
             "repeats": len(tries),
             "cold_prefill_ms": cold.get("", {}).get("prefill_ms"),
+            # What that cold read took from the cache of the prompt before (a shared context).
+            "cold_reused_tokens": cold.get("", {}).get("reused"),
             "cold_draft_ms": _cold_draft_ms(variant, cold, self._uses_model(variant)),
             "memory_overhead_mb": (
                 self.memory.get("draft_overhead_mb", self.memory.get("draft_runtime_overhead_mb"))
