@@ -296,6 +296,7 @@ class HFBackend:
     def from_model(cls, model, tokenizer=None, *, name: str = "model", n_ctx: int = 4096, slots: int = 1) -> HFBackend:
         """Wrap a loaded model; tokenizer: a transformers tokenizer, a Tokenizer, or None (bytes)."""
         _torch()
+        _check_window(model.config, n_ctx, name)
         self = cls.__new__(cls)
         digest = hashlib.sha256(model.config.to_json_string().encode()).hexdigest()[:16]
         dtype = str(model.dtype).removeprefix("torch.")
@@ -313,8 +314,7 @@ class HFBackend:
         self._model = model
         self._device = model.device
         self._vocab_size = int(model.config.vocab_size)  # logits width; may exceed the tokenizer
-        _check_window(model.config, n_ctx, name)
-        self._n_ctx = n_ctx
+        self._n_ctx = n_ctx  # within the model's window: checked before loading (or in from_model)
         # transformers 5.x renamed past_key_values= to cache=; older 5.x releases only know the former.
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"

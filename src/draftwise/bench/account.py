@@ -26,7 +26,7 @@ ROW_BUCKETS = (1, 2, 5, 9, 17, 33)  # lower bounds: 1, 2-4, 5-8, 9-16, 17-32, 33
 CONTEXT_BUCKETS = (0, 512, 1024, 2048, 4096, 8192, 16384, 24576)  # lower bounds
 
 
-def _bucket(value: int, bounds: Sequence[int]) -> int:
+def bucket(value: int, bounds: Sequence[int]) -> int:
     """The largest bound <= value. Example: (6, (1, 2, 5, 9)) -> 5."""
     return max(b for b in bounds if b <= value)
 
@@ -54,12 +54,12 @@ def split(records: Sequence[dict], curve: CostCurve, method: str) -> tuple[Split
     steps = [(rows, ctx, fwd, total) for r in records for rows, ctx, fwd, total in r.get("step_times", ()) if rows]
     buckets: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
     for rows, ctx, fwd, _ in steps:
-        buckets[_bucket(rows, ROW_BUCKETS), _bucket(ctx, CONTEXT_BUCKETS)].append((fwd, curve.ms(rows, ctx)))
+        buckets[bucket(rows, ROW_BUCKETS), bucket(ctx, CONTEXT_BUCKETS)].append((fwd, curve.ms(rows, ctx)))
     ratio = {key: statistics.median(f / c for f, c in pairs) for key, pairs in buckets.items()}
     replayed = sum(curve.ms(rows, ctx) for rows, ctx, _, _ in steps)
     forward = sum(fwd for _, _, fwd, _ in steps)
     systematic = sum(
-        (ratio[_bucket(rows, ROW_BUCKETS), _bucket(ctx, CONTEXT_BUCKETS)] - 1) * curve.ms(rows, ctx)
+        (ratio[bucket(rows, ROW_BUCKETS), bucket(ctx, CONTEXT_BUCKETS)] - 1) * curve.ms(rows, ctx)
         for rows, ctx, _, _ in steps
     )
     overhead = sum(total - fwd for _, _, fwd, total in steps)

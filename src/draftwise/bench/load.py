@@ -229,6 +229,19 @@ def _connect(url: str, api_key: str | None, model: str | None, max_tokens: int) 
     return url, headers, server, body
 
 
+def _run_meta(meta: dict | None, server: dict, body: dict, num_requests: int, num_prompts: int) -> dict:
+    """A results file's meta: the caller's, the server described, the requests' model and max_tokens."""
+    return {
+        **(meta or {}),
+        "server": server,
+        "model": body.get("model"),
+        "max_tokens": body["max_tokens"],
+        "num_requests": num_requests,
+        "num_prompts": num_prompts,
+        "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
 async def _warm_up(client: httpx.AsyncClient, body: dict, prompt: LoadPrompt) -> None:
     # NOTE: the first request pays one-off costs (lazy allocation, cold caches) that belong to no level.
     warm = await stream_chat(client, {**chat_request(body, prompt), "max_tokens": WARMUP_TOKENS}, 0, 0)
@@ -278,15 +291,7 @@ def run_bench(
     runs = asyncio.run(run_all())
     return {
         "format": FORMAT,
-        "meta": {
-            **(meta or {}),
-            "server": server,
-            "model": body.get("model"),
-            "max_tokens": max_tokens,
-            "num_requests": num_requests,
-            "num_prompts": len(prompts),
-            "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        },
+        "meta": _run_meta(meta, server, body, num_requests, len(prompts)),
         "levels": [summarize_level(c, records, wall_s) for c, (records, wall_s) in zip(levels, runs)],
         "records": [asdict(r) for records, _ in runs for r in records],
     }
@@ -498,15 +503,7 @@ def run_soak(
     samples = [list(s) for s in sampler.samples] if sampler else []
     return {
         "format": FORMAT,
-        "meta": {
-            **(meta or {}),
-            "server": server,
-            "model": body.get("model"),
-            "max_tokens": max_tokens,
-            "num_requests": len(records),
-            "num_prompts": len(prompts),
-            "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        },
+        "meta": _run_meta(meta, server, body, len(records), len(prompts)),
         "levels": [summarize_level(concurrency, records, wall_s)],
         "records": [asdict(r) for r in records],
         "soak": {

@@ -16,8 +16,9 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
+from draftwise.bench.account import bucket
 from draftwise.bench.grouping import aggregate, markdown_table, variant_label, variant_order
-from draftwise.bench.timing import block_rates
+from draftwise.bench.timing import acceptance_windows, block_rates
 
 LONG_CONTEXT = 4096  # records reading this many prompt tokens or more make the section appear
 LONG_OUTPUT = 1024  # answers of this many tokens or more are shown in 512-token blocks
@@ -27,7 +28,7 @@ BUCKETS = (0, 1024, 2048, 4096, 8192, 16384, 24576)  # lower bounds
 
 def context_bucket(tokens: int) -> int:
     """The largest bound <= tokens. Example: 17000 -> 16384."""
-    return max(b for b in BUCKETS if b <= tokens)
+    return bucket(tokens, BUCKETS)
 
 
 def bucket_label(bound: int) -> str:
@@ -288,8 +289,6 @@ def plot_long_outputs(records: Sequence[dict], path: Path) -> Path | None:
 
 def _acceptance_blocks(record: dict) -> list[float | None]:
     """Acceptance per 512 output tokens from the record's per-step (committed, drafted, accepted)."""
-    from draftwise.bench.timing import acceptance_windows
-
     return acceptance_windows(record.get("step_tokens") or [], BLOCK)
 
 
