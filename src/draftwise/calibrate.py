@@ -6,14 +6,17 @@ window), the rounds interleaved over the sizes, and the fastest time kept: a sha
 ever adds time, and interleaving spreads a burst of load over every size instead of one. The
 timings are then fitted to
 
-    ms(n, c) = W(n) + (c - c0) / 1000 * (a + b * n)
+    ms(n, c) = W(n) + (c - c0) / 1000 * g(n),   g(1) = g1,  g(n > 1) = a + b * n
 
 (c0 the shortest context timed): W(n), the forward over n rows at c0, is kept per size as
 measured — on llama.cpp 16 tokens can cost less than 12 — but estimated from every context's
-timing at once, so each point averages several rounds' noise instead of carrying one; a + b n is
-what each 1,000 tokens of context add (reading the cache: a; attending from each row: b). Two
-rounds of the same grid differ by up to a quarter per point on a shared host, the reason for the
-pooled fit (docs/bench/code-edit-long-4-ctx).
+timing at once, so each point averages several rounds' noise instead of carrying one; g(n) is
+what each 1,000 tokens of context add (reading the cache: a; attending from each row: b). A
+single row's growth g1 is fitted on its own: llama.cpp attends from one row with other kernels
+than from many, and one line through both priced one row 10-14% high and 2-65 rows 1-5% low at
+8k-28k tokens of context, so drafts there looked cheaper than they were (docs/long-context.md).
+Two rounds of the same grid differ by up to a quarter per point on a shared host, the reason for
+the pooled fit (docs/bench/code-edit-long-4-ctx).
 
 Curves are cached on disk per (model identity, threads, n_ctx); n between measured points is
 linearly interpolated. A cached curve whose single-token cost is far above what the host does
@@ -29,7 +32,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +43,9 @@ QUICK_POINTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 MAX_N = 64  # the largest forward timed by default (the auto policy asks for MAX_K + 1)
 # Timings per forward size: a thorough run times every size up to max_n, a quick one QUICK_POINTS.
 QUICK_REPEATS, THOROUGH_REPEATS = 3, 5
-CACHE_VERSION = 2  # 2: timed at several contexts (growth); version 1 curves are measured again
+# 2: timed at several contexts (growth); 3: one row's growth fitted apart, the timings kept.
+# Curves of an older version are measured again.
+CACHE_VERSION = 3
 # The context lengths timed (those with room for the largest forward in the window). 8,192 is
 # timed only in windows that hold it: a growth fitted over 256-2,048 alone is extrapolated ten
 # times its range at 16k-32k (docs/long-context.md compares both with measured forwards). It
@@ -66,6 +71,11 @@ class CostCurve:
     # ms that each 1,000 tokens of context beyond context_len add to a forward over n rows:
     # growth[0] + growth[1] * n (fitted by fit_grid; (0, 0): not measured, cost read at any context)
     growth: tuple[float, float] = (0.0, 0.0)
+    # ms that 1,000 tokens more add to a one-row forward (None: growth[0] + growth[1], as curves
+    # fitted with one line for every size, before cache version 3, priced it)
+    growth_one: float | None = None
+    # the fastest timing per (context, rows) that the curve was fitted to (a measured curve only)
+    timings: Mapping[int, Mapping[int, float]] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.points or self.points[0][0] != 1:
@@ -78,15 +88,31 @@ class CostCurve:
     def ms(self, n: int, context: int | None = None) -> float:
         """Cost of a forward over n tokens attending to `context` tokens (None: at the context the
         curve was timed at). Example: points ((1, 30), (4, 90)) -> ms(2) == 50; with context_len
-        256 and growth (8, 2), ms(1, 1256) == 30 + 10."""
+        256 and growth (8, 2), ms(1, 1256) == 30 + 10 (and 30 + 6 with growth_one 6)."""
         if n <= 0:
             return 0.0
         base = self._base(n)
-        if context is None or self.growth == (0.0, 0.0):
+        if context is None or not self.grows:
             return base
-        extra = (context - self.context_len) / 1000 * (self.growth[0] + self.growth[1] * n)
+        extra = (context - self.context_len) / 1000 * self.growth_at(n)
         # Below the timed context the fit is extrapolated down, never below half the timed cost.
         return max(base + extra, 0.5 * base)
+
+    @property
+    def grows(self) -> bool:
+        """Whether the curve knows how its cost grows with context (timed at several)."""
+        return self.growth != (0.0, 0.0) or bool(self.growth_one)
+
+    def growth_at(self, n: int) -> float:
+        """ms that 1,000 tokens more context add to a forward over n rows."""
+        if n == 1 and self.growth_one is not None:
+            return self.growth_one
+        return self.growth[0] + self.growth[1] * n
+
+    def growth_text(self) -> str:
+        """The growth as the CLI tables caption it. Example: '5.4 ms for one row, 4.1 + 1.90 n ms'."""
+        one = f"{self.growth_at(1):.1f} ms for one row, " if self.growth_one is not None else ""
+        return f"{one}{self.growth[0]:.1f} + {self.growth[1]:.2f} n ms"
 
     def _base(self, n: int) -> float:
         pts = self.points
@@ -109,22 +135,39 @@ class CostCurve:
             "context_len": self.context_len,
             "source": self.source,
             "growth": list(self.growth),
+            "growth_one": self.growth_one,
+            **(
+                {"timings": {str(c): {str(n): ms for n, ms in by_n.items()} for c, by_n in self.timings.items()}}
+                if self.timings
+                else {}
+            ),
         }
 
     @classmethod
-    def from_points(cls, points: Mapping, context_len: int = 0, growth: Sequence[float] = (0.0, 0.0)) -> CostCurve:
+    def from_points(
+        cls,
+        points: Mapping,
+        context_len: int = 0,
+        growth: Sequence[float] = (0.0, 0.0),
+        growth_one: float | None = None,
+    ) -> CostCurve:
         """From {n: ms} as bench results keep it (keys may be strings). Example: {"1": 30, "4": 90}."""
         pairs = tuple(sorted((int(n), float(ms)) for n, ms in points.items()))
-        return cls(pairs, int(context_len), growth=(float(growth[0]), float(growth[1])))
+        one = None if growth_one is None else float(growth_one)
+        return cls(pairs, int(context_len), growth=(float(growth[0]), float(growth[1])), growth_one=one)
 
     @classmethod
     def from_dict(cls, data: dict) -> CostCurve:
         growth = data.get("growth") or (0.0, 0.0)
+        one = data.get("growth_one")
+        timings = data.get("timings")
         return cls(
             tuple((int(n), float(ms)) for n, ms in data["points"]),
             int(data.get("context_len", 0)),
             data.get("source", "measured"),
             (float(growth[0]), float(growth[1])),
+            None if one is None else float(one),
+            {int(c): {int(n): float(ms) for n, ms in by_n.items()} for c, by_n in timings.items()} if timings else None,
         )
 
     @classmethod
@@ -226,25 +269,44 @@ def measure_grid(
 
 def fit_grid(times: Mapping[int, Mapping[int, float]]) -> CostCurve:
     """The curve at the shortest context c0 and its growth from timings times[context][n] (ms):
-    ms(n, c) = W(n) + (c - c0) / 1000 * (a + b n), with a, b >= 0 fitted by least squares on the
-    departures of each size from its mean over contexts, weighted by that mean (every size counts
-    by its relative error), and W(n) the mean over contexts of each timing less its growth.
-    Example: {256: {1: 30, 4: 60}, 1256: {1: 40, 4: 76}} -> points ((1, 30), (4, 60)) at 256 and
-    growth (8, 2): 1,000 more tokens of context add 8 + 2 n ms.
+    ms(n, c) = W(n) + (c - c0) / 1000 * g(n), with g(1) = g1 and g(n > 1) = a + b n, each >= 0,
+    fitted by least squares on the departures of each size from its mean over contexts, weighted
+    by that mean (every size counts by its relative error); W(n) is the mean over contexts of each
+    timing less its growth. One row's g1 is fitted on its own timings, a and b on the others' (on
+    every size's when one row alone was timed).
+    Example: {256: {1: 30, 4: 60, 8: 100}, 1256: {1: 36, 4: 76, 8: 124}} -> points ((1, 30),
+    (4, 60), (8, 100)) at 256, growth_one 6 and growth (8, 2): 1,000 more tokens of context add
+    6 ms to one row and 8 + 2 n ms to n > 1.
     """
     contexts = sorted(times)
     c0 = contexts[0]
     sizes = sorted(times[c0])
+    kept = {c: {n: float(times[c][n]) for n in sizes} for c in contexts}
     if len(contexts) == 1:
-        return CostCurve(tuple((n, float(times[c0][n])) for n in sizes), context_len=c0)
+        return CostCurve(tuple((n, kept[c0][n]) for n in sizes), context_len=c0, timings=kept)
     x = {c: (c - c0) / 1000 for c in contexts}
     x_mean = sum(x.values()) / len(x)
     mean = {n: sum(times[c][n] for c in contexts) / len(contexts) for n in sizes}
-    design = np.array([[(x[c] - x_mean) / mean[n], (x[c] - x_mean) * n / mean[n]] for c in contexts for n in sizes])
-    target = np.array([(times[c][n] - mean[n]) / mean[n] for c in contexts for n in sizes])
-    a, b = _nonnegative_least_squares(design, target)
-    points = tuple((n, max(1e-3, mean[n] - x_mean * (a + b * n))) for n in sizes)
-    return CostCurve(points, context_len=c0, growth=(round(a, 4), round(b, 4)))
+
+    def fit(group: Sequence[int]) -> tuple[float, float]:
+        design = np.array([[(x[c] - x_mean) / mean[n], (x[c] - x_mean) * n / mean[n]] for c in contexts for n in group])
+        target = np.array([(times[c][n] - mean[n]) / mean[n] for c in contexts for n in group])
+        return _nonnegative_least_squares(design, target)
+
+    many = [n for n in sizes if n > 1]
+    a, b = fit(many or sizes)
+    growth_one = None
+    if many and 1 in sizes:
+        one = np.array([(x[c] - x_mean) / mean[1] for c in contexts])
+        rise = np.array([(times[c][1] - mean[1]) / mean[1] for c in contexts])
+        growth_one = round(max(0.0, float(one @ rise) / float(one @ one)), 4)
+    growth = (round(a, 4), round(b, 4))
+
+    def g(n: int) -> float:
+        return growth_one if n == 1 and growth_one is not None else growth[0] + growth[1] * n
+
+    points = tuple((n, max(1e-3, mean[n] - x_mean * g(n))) for n in sizes)
+    return CostCurve(points, context_len=c0, growth=growth, growth_one=growth_one, timings=kept)
 
 
 def _nonnegative_least_squares(design: np.ndarray, target: np.ndarray) -> tuple[float, float]:

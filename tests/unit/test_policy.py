@@ -372,11 +372,38 @@ def test_the_grid_fit_recovers_how_cost_grows_with_context():
         assert curve.ms(n, 4096) == pytest.approx(true_w[n] + 3.84 * (6.0 + 1.5 * n), rel=0.08)
     assert curve.ms(1, None) == curve.ms(1)  # no context: the curve as timed
     # Exact data, exact answer; a cost that falls with context is clamped to none.
-    exact = fit_grid({256: {1: 30.0, 4: 60.0}, 1256: {1: 40.0, 4: 76.0}})
+    exact = fit_grid({256: {1: 30.0, 4: 60.0, 8: 100.0}, 1256: {1: 40.0, 4: 76.0, 8: 124.0}})
     assert exact.growth == pytest.approx((8.0, 2.0)) and exact.ms(4, 2256) == pytest.approx(92.0)
-    assert fit_grid({256: {1: 30.0, 4: 60.0}, 1256: {1: 29.0, 4: 58.0}}).growth == (0.0, 0.0)
+    assert exact.growth_one == pytest.approx(10.0)
+    falling = fit_grid({256: {1: 30.0, 4: 60.0}, 1256: {1: 29.0, 4: 58.0}})
+    assert falling.growth == (0.0, 0.0) and falling.growth_one == 0.0 and not falling.grows
     again = CostCurve.from_dict(json.loads(json.dumps(exact.to_dict())))
-    assert again == exact
+    assert again == exact and again.timings == exact.timings  # the timings travel with the curve
+
+
+def test_one_row_grows_with_context_apart_from_many():
+    """llama.cpp attends from one row with other kernels than from many: at 8k-28k tokens one line
+    through every size priced one row 10-14% high and 2-65 rows 1-5% low (docs/long-context.md).
+    Timings where one row grows by 5 ms per 1,000 tokens and n rows by 4 + 2 n: the fit gives each
+    its own, and prices a 5-row verification against a plain step at 28k as the timings do."""
+    from draftwise.calibrate import fit_grid
+
+    sizes = (1, 2, 4, 8, 16, 32, 64)
+
+    def true_ms(n, c):  # W(n) linear in n, so the curve's interpolation between sizes is exact
+        return 70.0 + 12.0 * (n - 1) + (c - 256) / 1000 * (5.0 if n == 1 else 4.0 + 2.0 * n)
+
+    curve = fit_grid({c: {n: true_ms(n, c) for n in sizes} for c in (256, 1024, 2048, 8192)})
+    assert curve.growth_one == pytest.approx(5.0) and curve.growth == pytest.approx((4.0, 2.0))
+    for n in (1, 5, 33):
+        assert curve.ms(n, 28_000) == pytest.approx(true_ms(n, 28_000))
+    ratio = curve.ms(5, 28_000) / curve.ms(1, 28_000)
+    one_line = CostCurve(curve.points, 256, growth=(4.0 * 0.7, 2.0 * 0.7))  # a joint fit's compromise
+    assert ratio > one_line.ms(5, 28_000) / one_line.ms(1, 28_000)
+    # A curve from before the split (no growth_one) prices one row on its line, as it did.
+    old = CostCurve.from_dict({"points": [[1, 30.0], [4, 60.0]], "context_len": 256, "growth": [8.0, 2.0]})
+    assert old.growth_one is None and old.ms(1, 1256) == pytest.approx(40.0) and old.grows
+    assert "one row" in curve.growth_text() and "one row" not in old.growth_text()
 
 
 def test_calibration_times_every_context_the_window_holds(tmp_path, monkeypatch):

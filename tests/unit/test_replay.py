@@ -96,7 +96,10 @@ def test_the_curve_of_a_results_file_keeps_its_growth_with_context():
     }
     curve = calibrated_curve({"meta": meta})
     assert curve.ms(1) == 30.0 and curve.ms(8, 1256) == pytest.approx(90.0 + 4.0 + 16.0)
+    assert curve.ms(1, 1256) == pytest.approx(36.0)  # no growth_one: one row on the same line
     assert calibrated_curve({"meta": {"calibration": meta["calibration"]}}).growth == (0.0, 0.0)  # older results
+    meta["calibration_context"]["target"]["growth_one"] = 5.0  # one row's own growth (cache version 3)
+    assert calibrated_curve({"meta": meta}).ms(1, 1256) == pytest.approx(35.0)
 
 
 def _results(tmp_path, target):

@@ -99,7 +99,8 @@ def calibration_meta(calibration: Calibration) -> dict:
             {
                 "calibration": {name: {str(n): round(ms, 4) for n, ms in c.points} for name, c in curves.items()},
                 "calibration_context": {
-                    name: {"context_len": c.context_len, "growth": list(c.growth)} for name, c in curves.items()
+                    name: {"context_len": c.context_len, "growth": list(c.growth), "growth_one": c.growth_one}
+                    for name, c in curves.items()
                 },
             }
             if curves

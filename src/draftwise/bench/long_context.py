@@ -118,7 +118,9 @@ def target_curve(meta: dict):
     if not points:
         return None
     where = (meta.get("calibration_context") or {}).get("target") or {}
-    return CostCurve.from_points(points, where.get("context_len", 0), where.get("growth", (0.0, 0.0)))
+    return CostCurve.from_points(
+        points, where.get("context_len", 0), where.get("growth", (0.0, 0.0)), where.get("growth_one")
+    )
 
 
 def curve_expected(record: dict, curve) -> float | None:
@@ -130,7 +132,7 @@ def curve_expected(record: dict, curve) -> float | None:
     or the record's steps."""
     steps, tokens = record.get("step_times") or [], record.get("step_tokens") or []
     blocks = record.get("num_generated", 0) // BLOCK
-    if curve is None or curve.growth == (0.0, 0.0) or blocks < 2 or len(steps) != len(tokens):
+    if curve is None or not curve.grows or blocks < 2 or len(steps) != len(tokens):
         return None
     first, position = [], 0
     for (rows, ctx, _, _), (committed, _, _) in zip(steps, tokens):

@@ -128,7 +128,9 @@ def calibrated_curve(results: dict) -> CostCurve:
     if not points:
         raise ConfigError("the results hold no calibrated cost curve (run the bench with an auto method)")
     context = meta.get("calibration_context", {}).get("target", {})
-    return CostCurve.from_points(points, context.get("context_len", 0), context.get("growth", (0.0, 0.0)))
+    return CostCurve.from_points(
+        points, context.get("context_len", 0), context.get("growth", (0.0, 0.0)), context.get("growth_one")
+    )
 
 
 def replay(

@@ -46,8 +46,7 @@ def calibrate(draft, thorough, refresh, target, backend, n_ctx, threads, dtype, 
         curve = load_or_measure(model, thorough=thorough, refresh=refresh)
         table = Table(
             title=f"{name}: ms per forward over n new tokens at {curve.context_len} tokens of context",
-            caption=f"each 1,000 tokens of context more add {curve.growth[0]:.1f} + {curve.growth[1]:.2f} n ms "
-            f"({cache_file(model)})",
+            caption=f"each 1,000 tokens of context more add {curve.growth_text()} ({cache_file(model)})",
         )
         table.add_column("n", justify="right")
         table.add_column("ms", justify="right")

@@ -164,7 +164,7 @@ def replay(
     table = Table(
         title=f"replay of {path}: tokens/step · speedup vs plain",
         caption=f"cost curve, ms by tokens per forward at {curve.context_len} tokens of context: "
-        f"{dict(curve.points)}; each 1,000 tokens more add {curve.growth[0]:.1f} + {curve.growth[1]:.2f} n ms",
+        f"{dict(curve.points)}; each 1,000 tokens more add {curve.growth_text()}",
     )
     table.add_column("category")
     for name in drafter_sets:
