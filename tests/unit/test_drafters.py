@@ -66,3 +66,17 @@ def test_model_drafter_sampled_probs_are_its_own_distribution():
     draft = drafter.propose([1, 2], 3)
     assert draft.draft_probs.shape == (3, 12)
     assert all(draft.draft_probs[i, t] > 0 for i, t in enumerate(draft.token_ids))
+
+
+def test_ngram_scores_a_match_by_its_margin_over_a_rival_continuation():
+    """A long context repeats phrases with different continuations: the proposal's score is its
+    backward match less the longest match that goes on with another token (the evidence that
+    tells the sources apart), and the full match length where every match agrees."""
+    # (1, 2) occurs after 9, 5 (continues 3) and after 5 alone (continues 4); the end is 9, 5, 1, 2
+    context = [9, 5, 1, 2, 3, 0, 5, 1, 2, 4, 0, 9, 5, 1, 2]
+    drafter = NgramDrafter(2, 2)
+    draft = drafter.propose(context, 1)
+    assert draft.token_ids == (3,) and drafter.last_match_length == 4 and draft.score == 1  # 4 less 3
+    # both earlier occurrences continue alike: no rival, the whole match length
+    agree = [9, 5, 1, 2, 3, 0, 5, 1, 2, 3, 0, 9, 5, 1, 2]
+    assert NgramDrafter(2, 2).propose(agree, 1).score == 4
