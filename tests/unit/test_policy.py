@@ -586,3 +586,37 @@ def test_the_calibration_error_is_learned_per_bucket_of_sizes():
         time_model.observe(n, 1.2 * CostCurve.linear(10.0, 10.0).ms(n))
     assert time_model.shape(50) == pytest.approx(1.2, abs=0.05)  # a size never observed, same bucket
     assert time_model.shape(16) == 1.0 and time_model.shape(1) == 1.0
+
+
+def test_drafting_in_the_red_asks_for_more_gain_and_the_loss_fades():
+    """A request whose drafts keep losing against plain decoding (answers about a long document
+    quote it in short runs: estimates promise more than the text gives) asks every later draft for
+    more gain, up to LEDGER_MAX more; a win pays the loss back, and a loss fades step by step, so
+    a long answer that turns to copying drafts again. A new request starts clean."""
+    from draftwise.policy.auto import LEDGER_MAX, MIN_GAIN
+
+    policy = AutoPolicy(target_cost=CostCurve.linear(10.0, 10.0))
+    policy.begin([], SpeculationConfig())
+    assert policy.min_gain == MIN_GAIN
+    for _ in range(4):  # 4-token verifications (40 ms) that commit one token (10 ms plainly)
+        policy._last = (None, 0.0)
+        policy.observe(step("ngram", 3, 0, verify_ms=40.0))
+    raised = policy.min_gain
+    assert MIN_GAIN < raised <= MIN_GAIN + LEDGER_MAX
+    for _ in range(400):  # many losses: capped
+        policy._last = (None, 0.0)
+        policy.observe(step("ngram", 3, 0, verify_ms=40.0))
+    assert policy.min_gain == pytest.approx(MIN_GAIN + LEDGER_MAX)
+    for _ in range(200):  # plain steps: the loss fades away
+        policy._last = (None, 0.0)
+        policy.observe(step("none", 0, 0, verify_ms=10.0))
+    assert policy.min_gain < MIN_GAIN + 0.01
+    policy._last = (None, 0.0)
+    policy.observe(step("ngram", 3, 0, verify_ms=40.0))
+    policy._last = (None, 0.0)
+    policy.observe(step("ngram", 31, 31, verify_ms=160.0))  # a win pays it back; wins are not banked
+    assert policy.min_gain == MIN_GAIN
+    policy._last = (None, 0.0)
+    policy.observe(step("ngram", 3, 0, verify_ms=40.0))
+    policy.begin([], SpeculationConfig())
+    assert policy.min_gain == MIN_GAIN

@@ -52,6 +52,13 @@ RESUME_PRIORS = (0.7, 0.75, 0.8, 0.85, 0.88, 0.9, 0.93, 0.95, 0.97, 0.98)
 # first such token in a proposal is rated by its own record, P(right) = (hits + DIVERGED_PRIOR *
 # DIVERGED_WEIGHT) / (trials + DIVERGED_WEIGHT), instead of by the copy's match length.
 DIVERGED_PRIOR, DIVERGED_WEIGHT = 0.5, 2.0
+# The request's ledger of what drafting won or lost against plain decoding (ms, each drafted
+# step's committed tokens at a plain step's price less its time): while it is in the red, a
+# draft must promise LEDGER_SLOPE more gain per plain step lost (up to LEDGER_MAX more), so
+# estimates that keep promising more than the text gives (answers about a long document, which
+# quote it in short runs) stop costing; a loss fades by LEDGER_FADE a step (over ~20 steps), so a long answer
+# that turns to copying drafts again. Wins are not banked: they raise nothing.
+LEDGER_SLOPE, LEDGER_MAX, LEDGER_FADE = 0.03, 0.3, 0.95
 
 
 def draft_speedup(
@@ -153,6 +160,7 @@ class AutoPolicy:
         # Diverged tokens of this request: token -> [hits, trials] when proposed again.
         self._diverged: dict[int, list[float]] = {}
         self._context: int | None = None  # the planned step's context length (prices its forward)
+        self._ledger = 0.0  # ms drafting lost (< 0) in this request, fading (LEDGER_*)
         self.last_decision: dict = {}
 
     @property
@@ -163,6 +171,7 @@ class AutoPolicy:
     def begin(self, drafters: Sequence[Drafter], speculation: SpeculationConfig) -> None:
         self._drafters = list(drafters) if speculation.enabled else []
         self._shadows.clear()  # a new request: earlier proposals refer to another context
+        self._ledger = 0.0
         self._breaks.clear()
         self._diverged.clear()
         if self.time is None:
@@ -241,6 +250,15 @@ class AutoPolicy:
 
     def _target_ms(self, n: int) -> float:
         return self.time.ms(n, self._context)
+
+    @property
+    def min_gain(self) -> float:
+        """The gain a draft must promise over plain decoding now: MIN_GAIN, more while this
+        request's drafting is in the red (LEDGER_*)."""
+        if self._ledger >= 0:
+            return MIN_GAIN
+        lost_steps = -self._ledger / max(1e-9, self._target_ms(1))
+        return MIN_GAIN + min(LEDGER_MAX, LEDGER_SLOPE * lost_steps)
 
     # ---------------------------------------------------------------- planning
     def _score_shadows(self, context: Sequence[int]) -> None:
@@ -366,8 +384,12 @@ class AutoPolicy:
         if self._last is None:
             return
         key, predicted_draft = self._last
+        self._ledger = min(0.0, self._ledger * LEDGER_FADE)
         if step.num_branches == 1 and not step.batch_rows:
             self.time.observe(step.num_drafted + step.num_forced + 1, step.verify_ms, self._context)
+            if step.num_drafted and not step.num_forced:
+                won = (step.num_accepted + 1) * self._target_ms(1) - step.verify_ms - step.draft_ms
+                self._ledger = min(0.0, self._ledger + won)
         if step.num_drafted and key is not None:
             self._estimates[key].update(step.num_drafted, step.num_accepted)
             if predicted_draft > 0 and key[0] in self._draft_scale:
@@ -405,10 +427,12 @@ def plan_batch(policies: Sequence[AutoPolicy], states: Sequence[PlanState], extr
     context = round(sum(len(s.context) for s in states) / len(states))
     choice: list[tuple[_Option | None, int]] = [(None, 0)] * len(menus)
 
+    gains = [p.min_gain for p in policies]
+
     def value(i: int, option: _Option | None, k: int) -> tuple[float, float, int]:
         m = menus[i].num_forced
         if option is None or k == 0:
-            return MIN_GAIN * (m + 1), 0.0, m + 1
+            return gains[i] * (m + 1), 0.0, m + 1
         return m + option.expected[k], option.draft_ms(k), m + k + 1
 
     parts = [value(i, None, 0) for i in range(len(menus))]
