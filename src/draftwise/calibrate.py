@@ -105,9 +105,7 @@ class CostCurve:
 
     def growth_at(self, n: int) -> float:
         """ms that 1,000 tokens more context add to a forward over n rows."""
-        if n == 1 and self.growth_one is not None:
-            return self.growth_one
-        return self.growth[0] + self.growth[1] * n
+        return _growth_at(self.growth, self.growth_one, n)
 
     def growth_text(self) -> str:
         """The growth as the CLI tables caption it. Example: '5.4 ms for one row, 4.1 + 1.90 n ms'."""
@@ -155,6 +153,18 @@ class CostCurve:
         pairs = tuple(sorted((int(n), float(ms)) for n, ms in points.items()))
         one = None if growth_one is None else float(growth_one)
         return cls(pairs, int(context_len), growth=(float(growth[0]), float(growth[1])), growth_one=one)
+
+    @classmethod
+    def from_meta(cls, meta: dict, name: str = "target") -> CostCurve | None:
+        """Model `name`'s curve from a bench run's meta (calibration, calibration_context), with
+        its growth over context where the run recorded it; None when the run calibrated none."""
+        points = (meta.get("calibration") or {}).get(name)
+        if not points:
+            return None
+        where = (meta.get("calibration_context") or {}).get(name) or {}
+        return cls.from_points(
+            points, where.get("context_len", 0), where.get("growth", (0.0, 0.0)), where.get("growth_one")
+        )
 
     @classmethod
     def from_dict(cls, data: dict) -> CostCurve:
@@ -301,12 +311,14 @@ def fit_grid(times: Mapping[int, Mapping[int, float]]) -> CostCurve:
         rise = np.array([(times[c][1] - mean[1]) / mean[1] for c in contexts])
         growth_one = round(max(0.0, float(one @ rise) / float(one @ one)), 4)
     growth = (round(a, 4), round(b, 4))
-
-    def g(n: int) -> float:
-        return growth_one if n == 1 and growth_one is not None else growth[0] + growth[1] * n
-
-    points = tuple((n, max(1e-3, mean[n] - x_mean * g(n))) for n in sizes)
+    points = tuple((n, max(1e-3, mean[n] - x_mean * _growth_at(growth, growth_one, n))) for n in sizes)
     return CostCurve(points, context_len=c0, growth=growth, growth_one=growth_one, timings=kept)
+
+
+def _growth_at(growth: Sequence[float], growth_one: float | None, n: int) -> float:
+    """ms that 1,000 tokens more context add to n rows: growth_one for one row when fitted apart,
+    else growth[0] + growth[1] * n."""
+    return growth_one if n == 1 and growth_one is not None else growth[0] + growth[1] * n
 
 
 def _nonnegative_least_squares(design: np.ndarray, target: np.ndarray) -> tuple[float, float]:

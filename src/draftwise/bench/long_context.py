@@ -114,13 +114,7 @@ def target_curve(meta: dict):
     """The run's calibrated target curve with its growth over context (None: not calibrated)."""
     from draftwise.calibrate import CostCurve
 
-    points = (meta.get("calibration") or {}).get("target")
-    if not points:
-        return None
-    where = (meta.get("calibration_context") or {}).get("target") or {}
-    return CostCurve.from_points(
-        points, where.get("context_len", 0), where.get("growth", (0.0, 0.0)), where.get("growth_one")
-    )
+    return CostCurve.from_meta(meta)
 
 
 def curve_expected(record: dict, curve) -> float | None:

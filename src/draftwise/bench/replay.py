@@ -123,14 +123,10 @@ def calibrated_curve(results: dict) -> CostCurve:
     """The target's cost curve from a bench results.json, or a calibration cache file's."""
     if "points" in results:
         return CostCurve.from_dict(results)
-    meta = results.get("meta", {})
-    points = meta.get("calibration", {}).get("target")
-    if not points:
+    curve = CostCurve.from_meta(results.get("meta", {}))
+    if curve is None:
         raise ConfigError("the results hold no calibrated cost curve (run the bench with an auto method)")
-    context = meta.get("calibration_context", {}).get("target", {})
-    return CostCurve.from_points(
-        points, context.get("context_len", 0), context.get("growth", (0.0, 0.0)), context.get("growth_one")
-    )
+    return curve
 
 
 def replay(

@@ -118,11 +118,6 @@ class NgramDrafter(BaseDrafter):
                 return sorted(found, key=lambda f: (-f[1], f[0]))
         return []
 
-    def match(self, context: Sequence[int]) -> tuple[int, int]:
-        """Best (start of continuation, backward match length); (-1, 0) when none."""
-        found = self.matches(context)
-        return found[0] if found else (-1, 0)
-
     def propose_tree(self, context: Sequence[int], max_tokens: int, max_branches: int) -> TreeDraft:
         """Up to max_branches distinct continuations from the best-scoring occurrences."""
         branches: list[tuple[int, ...]] = []
@@ -152,7 +147,6 @@ def _margin(tokens: Sequence[int], found: Sequence[tuple[int, int]]) -> int:
     phrase recurs with many continuations ("self." in 28k tokens of source), so a long match can
     be as ambiguous as a short one. Example: best (10, 12) continuing with 5, a rival of length
     9 continuing with 7 -> 3; no rival -> 12."""
-    start, length = found[0]
-    nxt = tokens[start] if start < len(tokens) else -1
-    rival = max((n for s, n in found[1:] if (tokens[s] if s < len(tokens) else -1) != nxt), default=0)
+    start, length = found[0]  # matches() keeps only starts before the context's end
+    rival = max((n for s, n in found[1:] if tokens[s] != tokens[start]), default=0)
     return max(1, length - rival) if rival else length

@@ -56,8 +56,8 @@ DIVERGED_PRIOR, DIVERGED_WEIGHT = 0.5, 2.0
 # step's committed tokens at a plain step's price less its time): while it is in the red, a
 # draft must promise LEDGER_SLOPE more gain per plain step lost (up to LEDGER_MAX more), so
 # estimates that keep promising more than the text gives (answers about a long document, which
-# quote it in short runs) stop costing; a loss fades by LEDGER_FADE a step (over ~20 steps), so a long answer
-# that turns to copying drafts again. Wins are not banked: they raise nothing.
+# quote it in short runs) stop costing; a loss fades by LEDGER_FADE a step (over ~20 steps), so
+# a long answer that turns to copying drafts again. Wins are not banked: they raise nothing.
 LEDGER_SLOPE, LEDGER_MAX, LEDGER_FADE = 0.03, 0.3, 0.95
 
 
@@ -384,7 +384,7 @@ class AutoPolicy:
         if self._last is None:
             return
         key, predicted_draft = self._last
-        self._ledger = min(0.0, self._ledger * LEDGER_FADE)
+        self._ledger *= LEDGER_FADE  # never above 0: wins only pay a loss back
         if step.num_branches == 1 and not step.batch_rows:
             self.time.observe(step.num_drafted + step.num_forced + 1, step.verify_ms, self._context)
             if step.num_drafted and not step.num_forced:
