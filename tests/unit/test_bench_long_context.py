@@ -115,6 +115,28 @@ def test_long_outputs_show_speed_per_512_tokens_and_how_it_holds():
     later = [40 + ((2 * i + 1024) / 1000) * 20 for i in range(256)]
     (row,) = long_context.output_rows([drafting], meta)
     assert row[8] == f"{sum(first) / sum(later):.2f}"
+    # Besides the growth: tokens per step and the forwards against the curve, first and last block.
+    assert row[9] == "2.0 / 2.0"
+    assert row[10] == f"{sum(40.0 for _ in first) / sum(first):.2f} / {256 * 40.0 / sum(later):.2f}"
+    (row,) = long_context.output_rows(records)
+    assert row[9:11] == ("-", "-")  # no steps recorded: nothing to split
+
+
+def test_block_steps_split_drafting_from_the_machine():
+    """A method that drafts less late in an answer, on a machine that slows down: block_steps tells
+    the two apart (tokens per step; measured forward time over the curve's price)."""
+    meta = {"calibration": {"target": {"1": 30.0, "4": 60.0}}}
+    curve = long_context.target_curve(meta)
+    early = [(4, 100 + 4 * i, 54.0, 55.0) for i in range(128)]  # 4 rows, 4 tokens a step: 512 tokens
+    late = [(1, 612 + i, 33.0, 34.0) for i in range(512)]  # plain steps, 10% above the curve
+    record = {
+        "num_generated": 1024,
+        "step_times": early + late,
+        "step_tokens": [(4, 3, 3)] * 128 + [(1, 0, 0)] * 512,
+    }
+    assert long_context.block_steps(record, curve) == [(4.0, 0.9), (1.0, 33.0 / 30.0)]
+    assert long_context.block_steps(record, None) == [(4.0, None), (1.0, None)]
+    assert long_context.block_steps({"num_generated": 100}, curve) == []
 
 
 def test_the_report_draws_the_long_context_plots(tmp_path):

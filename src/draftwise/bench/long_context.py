@@ -141,10 +141,37 @@ def curve_expected(record: dict, curve) -> float | None:
     return sum(curve.ms(n, c) for n, c in first) / sum(curve.ms(n, c + shift) for n, c in first)
 
 
+def block_steps(record: dict, curve) -> list[tuple[float, float | None]]:
+    """Per full block of BLOCK output tokens (by where each step starts): the tokens committed per
+    step, and the target's measured forward time over the curve's price of the same forwards (below
+    1: faster than calibrated; None without a curve). What changes between the first and the last
+    block besides the context's growth: how far the method drafted and how much of it held, and
+    how fast the forwards ran against their price (the machine, or the curve's growth for forwards
+    of that many rows)."""
+    steps, tokens = record.get("step_times") or [], record.get("step_tokens") or []
+    blocks = record.get("num_generated", 0) // BLOCK
+    if len(steps) != len(tokens) or not blocks:
+        return []
+    sums = [[0, 0, 0.0, 0.0] for _ in range(blocks)]  # steps, tokens, measured ms, priced ms
+    position = 0
+    for (rows, ctx, forward_ms, _), (committed, _, _) in zip(steps, tokens):
+        b = position // BLOCK
+        if b >= blocks:
+            break
+        sums[b][0] += 1
+        sums[b][1] += committed
+        if rows and curve is not None:
+            sums[b][2] += forward_ms
+            sums[b][3] += curve.ms(rows, ctx)
+        position += committed
+    return [(t / n, measured / priced if priced else None) for n, t, measured, priced in sums if n]
+
+
 def output_rows(records: Sequence[dict], meta: dict | None = None) -> list[tuple]:
     """Per long answer: question, category, method, tokens, first block tok/s, last block, the
     slowest block over the first, what the calibrated curve expects of last/first from the
-    context's growth alone (curve_expected), and the method's speedup."""
+    context's growth alone (curve_expected), tokens per step and forward time over the curve in
+    the first and the last block (block_steps), and the method's speedup."""
     curve = target_curve(meta or {})
     rows = []
     for r in records:
@@ -153,6 +180,13 @@ def output_rows(records: Sequence[dict], meta: dict | None = None) -> list[tuple
         blocks = [b for b in output_blocks(r) if b]
         if len(blocks) < 2:
             continue
+        by_step = block_steps(r, curve)
+        (first_tps, first_machine), (last_tps, last_machine) = (
+            (by_step[0], by_step[-1]) if len(by_step) >= 2 else ((None, None), (None, None))
+        )
+        per_step = f"{first_tps:.1f} / {last_tps:.1f}" if first_tps is not None else "-"
+        known = first_machine is not None and last_machine is not None
+        machine = f"{first_machine:.2f} / {last_machine:.2f}" if known else "-"
         rows.append(
             (
                 r["question_id"],
@@ -164,6 +198,8 @@ def output_rows(records: Sequence[dict], meta: dict | None = None) -> list[tuple
                 f"{blocks[-1] / blocks[0]:.2f}",
                 f"{min(blocks) / blocks[0]:.2f}",
                 "-" if (e := curve_expected(r, curve)) is None else f"{e:.2f}",
+                per_step,
+                machine,
                 "-" if r.get("speedup") is None else f"{r['speedup']:.2f}x",
             )
         )
@@ -180,6 +216,8 @@ OUTPUT_HEADERS = (
     "last/first",
     "slowest/first",
     "last/first by the curve",
+    "tokens/step first / last",
+    "forward vs curve first / last",
     "speedup",
 )
 
@@ -203,7 +241,11 @@ def long_context_section(records: Sequence[dict], meta: dict) -> list[str]:
             f"Answers of {LONG_OUTPUT}+ tokens in blocks of {BLOCK} tokens (decode tok/s of each block; "
             "last/first and slowest/first: how speed holds over the answer; by the curve: what the growing "
             "context alone does to it, the first block's steps priced by the run's calibration at their own "
-            "context and as far into the answer as the last block).",
+            "context and as far into the answer as the last block). What else moved between the first and "
+            "the last block: tokens committed per step (how far the method drafted and how much of it "
+            "held), and the forwards' measured time over the curve's price of them (below 1: faster than "
+            "the calibration priced them; a change from the first block to the last is the machine's speed, "
+            "or the curve's growth with context for forwards of that many rows).",
             "",
             markdown_table(OUTPUT_HEADERS, rows),
             "",
