@@ -6,7 +6,7 @@ from draftwise.bench import long_context
 from draftwise.bench.prompts import Prompt
 from draftwise.bench.report import render_markdown, write_report
 from draftwise.bench.runner import BenchConfig, run_bench
-from draftwise.bench.timing import acceptance_windows, block_rates
+from draftwise.bench.timing import acceptance_windows, block_rates, step_windows
 from tests.unit.test_bench_runner import toy_engine
 
 
@@ -15,6 +15,12 @@ def test_acceptance_windows_follow_the_steps_over_the_output():
     # A window where no step drafted has no acceptance (a plain stretch), not 0.
     assert acceptance_windows([(1, 0, 0)] * 4 + [(2, 2, 1)], 2) == [None, None, 0.5]
     assert acceptance_windows([], 32) == []
+
+
+def test_step_windows_place_each_step_where_it_begins():
+    assert list(step_windows([(3, 4, 2), (1, 0, 0), (5, 4, 4)], 4)) == [0, 0, 1]
+    assert list(step_windows([(4, 3, 3), (1, 0, 0)], 2)) == [0, 2]  # a long step skips a window
+    assert list(step_windows([], 4)) == []
 
 
 def test_block_rates_weigh_windows_by_their_time():

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from draftwise.bench.account import bucket
 from draftwise.bench.grouping import aggregate, markdown_table, variant_label, variant_order
-from draftwise.bench.timing import acceptance_windows, block_rates
+from draftwise.bench.timing import acceptance_windows, block_rates, step_windows
 
 LONG_CONTEXT = 4096  # records reading this many prompt tokens or more make the section appear
 LONG_OUTPUT = 1024  # answers of this many tokens or more are shown in 512-token blocks
@@ -128,13 +128,7 @@ def curve_expected(record: dict, curve) -> float | None:
     blocks = record.get("num_generated", 0) // BLOCK
     if curve is None or not curve.grows or blocks < 2 or len(steps) != len(tokens):
         return None
-    first, position = [], 0
-    for (rows, ctx, _, _), (committed, _, _) in zip(steps, tokens):
-        if position >= BLOCK:
-            break
-        if rows:
-            first.append((rows, ctx))
-        position += committed
+    first = [(rows, ctx) for (rows, ctx, _, _), b in zip(steps, step_windows(tokens, BLOCK)) if b == 0 and rows]
     if not first:
         return None
     shift = BLOCK * (blocks - 1)
@@ -153,9 +147,7 @@ def block_steps(record: dict, curve) -> list[tuple[float, float | None]]:
     if len(steps) != len(tokens) or not blocks:
         return []
     sums = [[0, 0, 0.0, 0.0] for _ in range(blocks)]  # steps, tokens, measured ms, priced ms
-    position = 0
-    for (rows, ctx, forward_ms, _), (committed, _, _) in zip(steps, tokens):
-        b = position // BLOCK
+    for (rows, ctx, forward_ms, _), (committed, _, _), b in zip(steps, tokens, step_windows(tokens, BLOCK)):
         if b >= blocks:
             break
         sums[b][0] += 1
@@ -163,7 +155,6 @@ def block_steps(record: dict, curve) -> list[tuple[float, float | None]]:
         if rows and curve is not None:
             sums[b][2] += forward_ms
             sums[b][3] += curve.ms(rows, ctx)
-        position += committed
     return [(t / n, measured / priced if priced else None) for n, t, measured, priced in sums if n]
 
 
@@ -181,12 +172,10 @@ def output_rows(records: Sequence[dict], meta: dict | None = None) -> list[tuple
         if len(blocks) < 2:
             continue
         by_step = block_steps(r, curve)
-        (first_tps, first_machine), (last_tps, last_machine) = (
-            (by_step[0], by_step[-1]) if len(by_step) >= 2 else ((None, None), (None, None))
-        )
-        per_step = f"{first_tps:.1f} / {last_tps:.1f}" if first_tps is not None else "-"
-        known = first_machine is not None and last_machine is not None
-        machine = f"{first_machine:.2f} / {last_machine:.2f}" if known else "-"
+        ends = (by_step[0], by_step[-1]) if len(by_step) >= 2 else ()
+        per_step = " / ".join(f"{tps:.1f}" for tps, _ in ends) or "-"
+        known = ends and all(m is not None for _, m in ends)
+        machine = " / ".join(f"{m:.2f}" for _, m in ends) if known else "-"
         rows.append(
             (
                 r["question_id"],

@@ -12,7 +12,7 @@ import platform
 import resource
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -80,6 +80,15 @@ class WindowClock:
         return out
 
 
+def step_windows(step_tokens: Sequence[Sequence[int]], window: int) -> Iterator[int]:
+    """Per step, the window of `window` output tokens it began in, from each step's tokens committed
+    (the first field of step_tokens' entries). Example: committed 3, 1, 5 with window 4 -> 0, 0, 1."""
+    position = 0
+    for step in step_tokens:
+        yield position // window
+        position += step[0]
+
+
 def acceptance_windows(step_tokens: Sequence[Sequence[int]], window: int = 32) -> list[float | None]:
     """Acceptance over the output: per window of `window` output tokens, draft tokens accepted
     over draft tokens verified in the steps that began in it (None: no step there drafted).
@@ -90,12 +99,9 @@ def acceptance_windows(step_tokens: Sequence[Sequence[int]], window: int = 32) -
     """
     drafted: dict[int, int] = {}
     accepted: dict[int, int] = {}
-    position = 0
-    for committed, d, a in step_tokens:
-        w = position // window
+    for w, (_, d, a) in zip(step_windows(step_tokens, window), step_tokens):
         drafted[w] = drafted.get(w, 0) + d
         accepted[w] = accepted.get(w, 0) + a
-        position += committed
     last = max(drafted, default=-1)
     return [round(accepted[w] / drafted[w], 4) if drafted.get(w) else None for w in range(last + 1)]
 
