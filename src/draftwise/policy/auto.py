@@ -36,7 +36,7 @@ from draftwise.types import Draft, SpeculationConfig, StepStats
 # 1.10 rather than 1.05, with START_DEBT, lifts the replayed floor of Spec-Bench mini from 0.974x
 # to 0.992x on a host where a verification of 3 tokens costs 2.6 plain steps (0.956x to 0.983x
 # where it costs 1.7), and moves the development corpus by under 0.5%
-# (docs/bench/policy-unseen/epyc/README.md).
+# (docs/bench/policy-unseen/epyc-gain/README.md).
 MIN_GAIN = 1.10
 # A free drafter whose lookup costs more than this share of a plain step, and whose proposal
 # was not taken, is consulted less often: every 2nd, 4th, ... up to MAX_BACKOFF-th step.
@@ -58,9 +58,9 @@ RESUME_PRIORS = (0.7, 0.75, 0.8, 0.85, 0.88, 0.9, 0.93, 0.95, 0.97, 0.98)
 # first such token in a proposal is rated by its own record, P(right) = (hits + DIVERGED_PRIOR *
 # DIVERGED_WEIGHT) / (trials + DIVERGED_WEIGHT), instead of by the copy's match length.
 DIVERGED_PRIOR, DIVERGED_WEIGHT = 0.5, 2.0
-# The request's ledger of what drafting won or lost against plain decoding (ms, each drafted
-# step's committed tokens at a plain step's price less its time): while it is in the red, a
-# draft must promise LEDGER_SLOPE more gain per plain step lost (up to LEDGER_MAX more), so
+# The request's ledger of what drafting won or lost against plain decoding (in plain steps, each
+# drafted step's committed tokens less its time in plain steps at its own context): while it is in
+# the red, a draft must promise LEDGER_SLOPE more gain per plain step lost (up to LEDGER_MAX more), so
 # estimates that keep promising more than the text gives (answers about a long document, which
 # quote it in short runs) stop costing; a loss fades by LEDGER_FADE a step (over ~20 steps), so
 # a long answer that turns to copying drafts again. Wins are not banked: they raise nothing.
@@ -171,7 +171,7 @@ class AutoPolicy:
         # Diverged tokens of this request: token -> [hits, trials] when proposed again.
         self._diverged: dict[int, list[float]] = {}
         self._context: int | None = None  # the planned step's context length (prices its forward)
-        self._ledger = 0.0  # ms drafting lost (< 0) in this request, fading (LEDGER_*)
+        self._ledger = 0.0  # plain steps drafting lost (< 0) in this request, fading (LEDGER_*)
         self.last_decision: dict = {}
 
     @property
@@ -187,7 +187,7 @@ class AutoPolicy:
         if self.time is None:
             raise ValueError("the auto policy needs a target cost curve or a target backend to calibrate")
         _ = self.time.curve  # calibrate now (once per model and machine), not inside a step
-        self._ledger = -START_DEBT * self.time.ms(1)  # (LEDGER_*, START_DEBT)
+        self._ledger = -START_DEBT
         if self.line_ends is None:
             target = self.target
             marks = text_marks(target.tokenizer, target.vocab_size) if target is not None else None
@@ -266,10 +266,7 @@ class AutoPolicy:
     def min_gain(self) -> float:
         """The gain a draft must promise over plain decoding now: MIN_GAIN, more while this
         request's drafting is in the red (LEDGER_*)."""
-        if self._ledger >= 0:
-            return MIN_GAIN
-        lost_steps = -self._ledger / max(1e-9, self._target_ms(1))
-        return MIN_GAIN + min(LEDGER_MAX, LEDGER_SLOPE * lost_steps)
+        return MIN_GAIN + min(LEDGER_MAX, LEDGER_SLOPE * -self._ledger)
 
     # ---------------------------------------------------------------- planning
     def _score_shadows(self, context: Sequence[int]) -> None:
@@ -399,7 +396,8 @@ class AutoPolicy:
         if step.num_branches == 1 and not step.batch_rows:
             self.time.observe(step.num_drafted + step.num_forced + 1, step.verify_ms, self._context)
             if step.num_drafted and not step.num_forced:
-                won = (step.num_accepted + 1) * self._target_ms(1) - step.verify_ms - step.draft_ms
+                plain_ms = self._target_ms(1)
+                won = step.num_accepted + 1 - (step.verify_ms + step.draft_ms) / max(1e-9, plain_ms)
                 self._ledger = min(0.0, self._ledger + won)
         if step.num_drafted and key is not None:
             self._estimates[key].update(step.num_drafted, step.num_accepted)
