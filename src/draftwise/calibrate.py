@@ -186,6 +186,30 @@ class CostCurve:
         return cls(tuple((n, first_ms + per_token_ms * (n - 1)) for n in range(1, max_n + 1)), source="synthetic")
 
 
+@dataclass(frozen=True)
+class ScaledCurve(CostCurve):
+    """A curve whose forwards cost `factors` times the base curve's: (rows, factor) pairs sorted by
+    rows, the factor interpolated linearly between them and held beyond (bench.account.run_prices
+    fits them to what a run's forwards took). Example: factors ((1, 0.8), (5, 1.0)) -> ms(3) is
+    0.9 x the base curve's."""
+
+    factors: tuple[tuple[float, float], ...] = ()
+
+    def factor(self, n: int) -> float:
+        pts = self.factors
+        if not pts:
+            return 1.0
+        if n <= pts[0][0]:
+            return pts[0][1]
+        for (n0, f0), (n1, f1) in zip(pts, pts[1:]):
+            if n <= n1:
+                return f0 + (f1 - f0) * (n - n0) / (n1 - n0)
+        return pts[-1][1]
+
+    def ms(self, n: int, context: int | None = None) -> float:
+        return super().ms(n, context) * self.factor(n)
+
+
 def cache_key(backend: Backend) -> str:
     threads = getattr(backend, "n_threads", 0)
     raw = f"v{CACHE_VERSION}|{backend.identity}|threads={threads}|n_ctx={backend.n_ctx}"

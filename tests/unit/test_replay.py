@@ -241,3 +241,32 @@ def test_cli_replays_a_prompt_files_references_with_gaps(tiny_gguf_dir, tmp_path
     assert missing.exit_code == 2 and "--curve" in missing.output
     nothing = CliRunner().invoke(main, ["replay"])
     assert nothing.exit_code == 2 and "RESULTS" in nothing.output
+
+
+def test_cli_replay_at_the_runs_own_prices(tiny_gguf_dir, tmp_path):
+    out = _results(tmp_path, str(tiny_gguf_dir / "target.gguf"))
+    results = json.loads((out / "results.json").read_text())
+    curve = calibrated_curve(results)
+    # Plain steps ran at the curve's price, 20-row forwards at twice it: drafting pays less.
+    for record in results["records"]:
+        record |= {"step_times": [[1, 50, curve.ms(1, 50), 31.0]] * 6, "decode_ms": 186.0}
+    drafted = {"method": "auto", "question_id": 1, "turn": 0, "decode_ms": 1.0, "error": None}
+    results["records"].append(drafted | {"step_times": [[20, 60, 2 * curve.ms(20, 60), 300.0]] * 6})
+    (out / "results.json").write_text(json.dumps(results))
+    args = ["replay", str(out), "--drafters", "ngram", "--free-lookups", "--oracle", "--json"]
+    first = CliRunner().invoke(main, args)
+    assert first.exit_code == 0, first.output
+    calibrated = json.loads(first.output)
+    ran = CliRunner().invoke(main, [*args, "--prices", "run"])
+    assert ran.exit_code == 0, ran.output
+    priced = json.loads(ran.output)
+    assert [f for _, f in priced["run_price_factors"]] == pytest.approx([1.0, 2.0])
+    assert priced["all"]["ngram"]["oracle_speedup"] < calibrated["all"]["ngram"]["oracle_speedup"]
+    assert priced["all"]["ngram"]["speedup"] <= calibrated["all"]["ngram"]["speedup"]
+    table = CliRunner().invoke(main, ["replay", str(out), "--drafters", "ngram", "--prices", "run"])
+    assert table.exit_code == 0 and "pricedatthisrun'sforwards" in "".join(table.output.split())
+    prompts = tmp_path / "prompts.jsonl"
+    no_run = CliRunner().invoke(
+        main, ["replay", "--prompts", str(prompts), "--curve", str(out / "results.json"), "--prices", "run"]
+    )
+    assert no_run.exit_code == 2 and "--prices run needs a bench run" in no_run.output

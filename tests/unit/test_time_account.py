@@ -5,7 +5,7 @@ live-against-replay split adds up exactly (toy backend, synthetic records)."""
 import pytest
 
 from draftwise.backends.toy import ToyBackend, ToyModel
-from draftwise.bench.account import split
+from draftwise.bench.account import run_prices, split
 from draftwise.bench.report import ACCOUNT_PARTS, render_markdown, time_account_rows
 from draftwise.calibrate import CostCurve
 from draftwise.constraints import Constraint
@@ -95,3 +95,27 @@ def test_the_report_shows_where_the_decode_time_goes():
             r["time_ms"] = {"forward": 0.8 * decode, "loop": 0.1 * decode, "other": 0.1 * decode}
     report = render_markdown(results)
     assert "## Where the decode time goes" in report and "| 0 | ngram k=4 | 80.0% |" in report
+
+
+def test_run_prices_scale_the_curve_by_what_the_runs_forwards_took():
+    curve = CostCurve(((1, 10.0), (64, 200.0)), context_len=100, growth=(1.0, 0.1), growth_one=2.0)
+    # One-row steps at 0.8 of the curve (either method), 20-row ones at 0.9 (one outlier), a bucket
+    # of 5-8 rows with too few steps to price.
+    plain = [(1, 100 + i, 0.8 * curve.ms(1, 100 + i), 9.0) for i in range(6)]
+    drafted = [(20, 200, 0.9 * curve.ms(20, 200), 200.0)] * 5 + [(20, 300, 3.0 * curve.ms(20, 300), 600.0)]
+    few = [(6, 200, 2.0 * curve.ms(6, 200), 100.0)] * 4
+    results = {
+        "records": [
+            {"method": "baseline", "decode_ms": 1.0, "step_times": plain},
+            {"method": "auto", "decode_ms": 1.0, "step_times": drafted + few},
+            {"method": "auto", "error": "boom", "decode_ms": 1.0, "step_times": [(1, 100, 100.0, 100.0)] * 9},
+        ]
+    }
+    priced = run_prices(results, curve)
+    assert [n for n, _ in priced.factors] == [1, 20]
+    assert [f for _, f in priced.factors] == pytest.approx([0.8, 0.9])
+    assert priced.ms(1, 5000) == pytest.approx(0.8 * curve.ms(1, 5000))
+    assert priced.ms(64, 5000) == pytest.approx(0.9 * curve.ms(64, 5000))  # held beyond the last bucket
+    assert priced.factor(10) == pytest.approx(0.8 + 0.1 * 9 / 19)  # between the buckets' median rows
+    assert priced.growth == curve.growth and priced.points == curve.points
+    assert run_prices({"records": []}, curve).ms(7, 900) == pytest.approx(curve.ms(7, 900))

@@ -10,6 +10,11 @@ step ms). Replay prices a step at curve(rows, context); the measured step differ
     the loop around the step);
   - other: the decode time outside any step.
 The four add up to measured decode time - replayed forward time, exactly.
+
+run_prices turns the cost-curve error into a curve: the calibration scaled, per bucket of rows,
+by what this run's forwards took against it, so that a replay and its hindsight optimum can be
+priced at what the machine charged during the run instead of during its calibration (a shared
+host's neighbours move one row's price and many rows' differently: docs/design.md section 7).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from draftwise.bench.grouping import variant_label
-from draftwise.calibrate import CostCurve
+from draftwise.calibrate import CostCurve, ScaledCurve
 
 ROW_BUCKETS = (1, 2, 5, 9, 17, 33)  # lower bounds: 1, 2-4, 5-8, 9-16, 17-32, 33+
 CONTEXT_BUCKETS = (0, 512, 1024, 2048, 4096, 8192, 16384, 24576)  # lower bounds
@@ -95,3 +100,36 @@ def splits(results: dict, curve: CostCurve) -> list[tuple[Split, list[tuple]]]:
         if r.get("step_times") and not r.get("error"):
             by_method[variant_label(r)].append(r)
     return [split(rs, curve, method) for method, rs in by_method.items()]
+
+
+# A bucket of rows with fewer steps than this does not set a price of its own.
+MIN_PRICED_STEPS = 5
+
+
+def run_prices(results: dict, curve: CostCurve) -> ScaledCurve:
+    """`curve` scaled per bucket of rows (ROW_BUCKETS) by the median ratio measured/curve of the
+    run's forwards in it, every method's steps pooled; the factor is placed at the bucket's
+    median rows and interpolated between buckets (held beyond the first and the last). A run
+    without step times (or too few in every bucket) gets factor 1.
+    Example: one-row steps at 0.8 of the curve and 30-row ones at 0.9 -> 16 rows at about 0.85."""
+    by_bucket: dict[int, list[tuple[int, float]]] = defaultdict(list)
+    for r in results.get("records", []):
+        if r.get("error"):
+            continue
+        for rows, ctx, fwd, _ in r.get("step_times", ()):
+            if rows and fwd > 0:
+                by_bucket[bucket(rows, ROW_BUCKETS)].append((rows, fwd / curve.ms(rows, ctx)))
+    factors = sorted(
+        (float(statistics.median(n for n, _ in pairs)), float(statistics.median(f for _, f in pairs)))
+        for pairs in by_bucket.values()
+        if len(pairs) >= MIN_PRICED_STEPS
+    )
+    return ScaledCurve(
+        curve.points,
+        curve.context_len,
+        "this run's forwards",
+        curve.growth,
+        curve.growth_one,
+        curve.timings,
+        factors=tuple(factors),
+    )

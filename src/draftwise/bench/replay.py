@@ -144,13 +144,16 @@ def replay(
     detail: bool = False,
     line_ends: frozenset[int] = frozenset(),
     fences: frozenset[int] = frozenset(),
+    prices: CostCurve | None = None,
 ) -> list[ReplayRun]:
     """Replay every answered turn of `prompts` with each drafter set under its own AutoPolicy
     (drafting up to max_k tokens); with `oracle`, also each set's hindsight optimum; with
     `detail` (implies oracle), both schedules step by step (for gaps()). `line_ends`, the tokens
     that end a line, and `fences`, code fences (backends.base.text_marks), tell the policy where
     lines start and code blocks end, as live (without line_ends, gaps() finds line starts from
-    the answers' own tokens).
+    the answers' own tokens). The policies believe `curve`; every forward, plain decoding's and
+    the optimum's too, costs what `prices` says (default: the curve), and the policies learn
+    the difference as they observe their steps, as live (bench.account.run_prices: a run's own).
 
     Example: an answer that copies a code block from its prompt replays at over one token
     per step with {"ngram": [NgramDrafter()]} and exactly one with a set that never matches.
@@ -168,6 +171,7 @@ def replay(
         for name in drafter_sets
     }
     oracle = oracle or detail
+    truth = prices or curve
     rng = random.Random(seed)
     runs: list[ReplayRun] = []
     for prompt in prompts:
@@ -191,12 +195,12 @@ def replay(
                 best: Schedule | None = None
                 if oracle:
                     saved = [d.snapshot() if isinstance(d, SuffixDrafter) else None for d in drafters]
-                    best = oracle_schedule(drafters, speculation, prompt_ids, answer_ids, curve, max_k, newlines)
+                    best = oracle_schedule(drafters, speculation, prompt_ids, answer_ids, truth, max_k, newlines)
                     for d, state in zip(drafters, saved):
                         if state is not None:
                             d.restore(state)
                 steps = _replay_one(
-                    policies[name], drafters, speculation, prompt_ids, answer_ids, curve, count_lookups, noise, rng
+                    policies[name], drafters, speculation, prompt_ids, answer_ids, truth, count_lookups, noise, rng
                 )
                 ms = sum(s.ms for s in steps)
                 runs.append(
@@ -208,7 +212,7 @@ def replay(
                         len(answer_ids),
                         len(steps),
                         ms,
-                        sum(curve.ms(1, len(prompt_ids) + pos) for pos in range(len(answer_ids))),
+                        sum(truth.ms(1, len(prompt_ids) + pos) for pos in range(len(answer_ids))),
                         best.ms if best else 0.0,
                         tuple(steps) if detail else (),
                         best.steps if detail and best else (),

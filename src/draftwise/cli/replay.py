@@ -60,6 +60,15 @@ from draftwise.policy.auto import MAX_K
     help="A cost curve to replay with instead of the run's: another run's results.json "
     "or a calibration file (under the cache directory's calibration/).",
 )
+@click.option(
+    "--prices",
+    type=click.Choice(["calibration", "run"]),
+    default="calibration",
+    show_default=True,
+    help="What forwards cost in the replay and its optimum: the cost curve's (calibration), or the curve scaled "
+    "per size of forward by what RESULTS' own forwards took (run: the machine as it was during the run; the "
+    "policy still starts from the curve and learns the difference, as live).",
+)
 @click.option("--oracle", is_flag=True, help="Also show each set's hindsight optimum and the share the policy takes.")
 @click.option(
     "--gaps",
@@ -82,6 +91,7 @@ def replay(
     seed,
     max_k,
     curve_path,
+    prices,
     oracle,
     show_gaps,
     as_json,
@@ -98,12 +108,15 @@ def replay(
     from draftwise.bench import prompts as bench_prompts
     from draftwise.bench import replay as bench_replay
 
+    if prices == "run" and results_path is None:
+        raise ConfigError("--prices run needs a bench run (RESULTS) whose forwards set the prices")
     results, pool, answers = _sources(results_path, prompts_path)
     if curve_path is None and results is None:
         raise ConfigError(
             "replaying a prompt file's references needs --curve (a calibration file or a run's results.json)"
         )
     curve = bench_replay.calibrated_curve(json.loads(Path(curve_path).read_text()) if curve_path else results)
+    priced = bench_account.run_prices(results, curve) if prices == "run" else curve
     meta = (results or {}).get("meta", {})
     path = Path(results_path or prompts_path)
     chosen = bench_prompts.filter_categories(pool, [c.strip() for c in categories.split(",")] if categories else None)
@@ -139,6 +152,7 @@ def replay(
             detail=show_gaps,
             line_ends=marks.line_ends,
             fences=marks.fences,
+            prices=priced if prices == "run" else None,
         )
     finally:
         backend.close()
@@ -152,6 +166,7 @@ def replay(
                 {
                     **summary,
                     **({"gaps": gap_rows} if show_gaps else {}),
+                    **({"run_price_factors": [list(f) for f in priced.factors]} if prices == "run" else {}),
                     **({"live_vs_replay": [dataclasses.asdict(s) | {"kept": s.kept} for s, _ in live]} if live else {}),
                 },
                 indent=2,
@@ -164,7 +179,13 @@ def replay(
     table = Table(
         title=f"replay of {path}: tokens/step · speedup vs plain",
         caption=f"cost curve, ms by tokens per forward at {curve.context_len} tokens of context: "
-        f"{dict(curve.points)}; each 1,000 tokens more add {curve.growth_text()}",
+        f"{dict(curve.points)}; each 1,000 tokens more add {curve.growth_text()}"
+        + (
+            "; priced at this run's forwards, the curve times "
+            + ", ".join(f"{f:.2f} at {n:g} rows" for n, f in getattr(priced, "factors", ()))
+            if prices == "run"
+            else ""
+        ),
     )
     table.add_column("category")
     for name in drafter_sets:
