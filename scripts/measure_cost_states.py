@@ -1,6 +1,6 @@
 """What a forward over n rows costs relative to one row, over time, in one process: groups of
-calibration-style timings (each size `--rounds` times, interleaved, the fastest kept, as
-calibrate.measure_grid does) back to back, then after an idle pause, then back to back again.
+calibration-style timings (each size `--rounds` times, interleaved, the fastest kept: the
+rounds of calibrate.measure_grid) back to back, then after an idle pause, then back to back again.
 On a shared host the price of many rows against one moves between states that last seconds to
 minutes (docs/design.md section 7); this prints each group's price in plain steps so the states
 can be seen, and the hypervisor's steal time beside them.
@@ -16,7 +16,7 @@ import json
 import time
 
 from draftwise import models
-from draftwise.calibrate import _context_ids
+from draftwise.calibrate import _context_ids, _time_sizes
 from draftwise.loading import LoadOptions, load_backend
 
 SIZES = (1, 4, 16, 64)
@@ -44,19 +44,13 @@ def main() -> None:
     args = parser.parse_args()
     start = time.perf_counter()
     backend = load_backend(args.target, LoadOptions(n_ctx=args.n_ctx))
-    vocab = backend.vocab_size
-    backend.prefill(_context_ids(args.context, vocab))
+    backend.prefill(_context_ids(args.context, backend.vocab_size))
 
     def group() -> dict:
         steal = steal_ticks()
         times: dict[int, list[float]] = {n: [] for n in SIZES}
         for _ in range(args.rounds):
-            for n in SIZES:
-                ids = [(104729 * (j + n) + 17) % min(vocab, 32000) for j in range(n)]
-                t0 = time.perf_counter()
-                backend.extend(ids)
-                times[n].append(1000 * (time.perf_counter() - t0))
-                backend.truncate(args.context)
+            _time_sizes(backend, SIZES, args.context, times)
         best = {n: min(v) for n, v in times.items()}
         row = {
             "t_s": round(time.perf_counter() - start, 1),

@@ -22,7 +22,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from draftwise.bench.grouping import variant_label
 from draftwise.calibrate import CostCurve, ScaledCurve
@@ -124,12 +124,5 @@ def run_prices(results: dict, curve: CostCurve) -> ScaledCurve:
         for pairs in by_bucket.values()
         if len(pairs) >= MIN_PRICED_STEPS
     )
-    return ScaledCurve(
-        curve.points,
-        curve.context_len,
-        "this run's forwards",
-        curve.growth,
-        curve.growth_one,
-        curve.timings,
-        factors=tuple(factors),
-    )
+    base = {f.name: getattr(curve, f.name) for f in fields(CostCurve)}
+    return ScaledCurve(**base | {"source": "this run's forwards", "factors": tuple(factors)})

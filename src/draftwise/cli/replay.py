@@ -116,7 +116,7 @@ def replay(
             "replaying a prompt file's references needs --curve (a calibration file or a run's results.json)"
         )
     curve = bench_replay.calibrated_curve(json.loads(Path(curve_path).read_text()) if curve_path else results)
-    priced = bench_account.run_prices(results, curve) if prices == "run" else curve
+    priced = bench_account.run_prices(results, curve) if prices == "run" else None
     meta = (results or {}).get("meta", {})
     path = Path(results_path or prompts_path)
     chosen = bench_prompts.filter_categories(pool, [c.strip() for c in categories.split(",")] if categories else None)
@@ -152,7 +152,7 @@ def replay(
             detail=show_gaps,
             line_ends=marks.line_ends,
             fences=marks.fences,
-            prices=priced if prices == "run" else None,
+            prices=priced,
         )
     finally:
         backend.close()
@@ -166,7 +166,7 @@ def replay(
                 {
                     **summary,
                     **({"gaps": gap_rows} if show_gaps else {}),
-                    **({"run_price_factors": [list(f) for f in priced.factors]} if prices == "run" else {}),
+                    **({"run_price_factors": [list(f) for f in priced.factors]} if priced is not None else {}),
                     **({"live_vs_replay": [dataclasses.asdict(s) | {"kept": s.kept} for s, _ in live]} if live else {}),
                 },
                 indent=2,
@@ -182,8 +182,8 @@ def replay(
         f"{dict(curve.points)}; each 1,000 tokens more add {curve.growth_text()}"
         + (
             "; priced at this run's forwards, the curve times "
-            + ", ".join(f"{f:.2f} at {n:g} rows" for n, f in getattr(priced, "factors", ()))
-            if prices == "run"
+            + ", ".join(f"{f:.2f} at {n:g} rows" for n, f in priced.factors)
+            if priced is not None
             else ""
         ),
     )
