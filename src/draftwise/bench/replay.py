@@ -195,12 +195,23 @@ def replay(
                 best: Schedule | None = None
                 if oracle:
                     saved = [d.snapshot() if isinstance(d, SuffixDrafter) else None for d in drafters]
-                    best = oracle_schedule(drafters, speculation, prompt_ids, answer_ids, truth, max_k, newlines)
+                    best = oracle_schedule(
+                        drafters, speculation, prompt_ids, answer_ids, truth, max_k, newlines, tokenizer
+                    )
                     for d, state in zip(drafters, saved):
                         if state is not None:
                             d.restore(state)
                 steps = _replay_one(
-                    policies[name], drafters, speculation, prompt_ids, answer_ids, truth, count_lookups, noise, rng
+                    policies[name],
+                    drafters,
+                    speculation,
+                    prompt_ids,
+                    answer_ids,
+                    truth,
+                    count_lookups,
+                    noise,
+                    rng,
+                    tokenizer,
                 )
                 ms = sum(s.ms for s in steps)
                 runs.append(
@@ -253,6 +264,7 @@ def oracle_schedule(
     curve: CostCurve,
     max_k: int,
     newlines: frozenset[int] = frozenset(),
+    tokenizer=None,
 ) -> Schedule:
     """The cheapest schedule of plain steps and verified prefixes of these drafters' proposals.
 
@@ -263,7 +275,7 @@ def oracle_schedule(
     """
     sampling = SamplingParams()
     for d in drafters:
-        d.begin(sampling, speculation)
+        d.begin(sampling, speculation, prompt_ids, tokenizer)
     n = len(answer_ids)
     correct, source = [0] * n, [""] * n
     for pos in range(n):
@@ -308,11 +320,12 @@ def _replay_one(
     count_lookups: bool,
     noise: float,
     rng: random.Random,
+    tokenizer=None,
 ) -> list[Step]:
     """One answer under one policy, step by step."""
     policy.begin(drafters, speculation)
     for d in drafters:
-        d.begin(SamplingParams(), speculation)
+        d.begin(SamplingParams(), speculation, prompt_ids, tokenizer)
     steps: list[Step] = []
     pos = 0
     while pos < len(answer_ids):

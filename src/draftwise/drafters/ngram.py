@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from draftwise.backends.base import common_prefix_length
 from draftwise.drafters.base import DICT_ENTRY, INT, LIST_SLOT, NEW_LIST, BaseDrafter, Follower, tuple_bytes
+from draftwise.drafters.rewrites import Rewrites
 from draftwise.types import Draft, TreeDraft
 
 MAX_CANDIDATES = 64  # occurrences scored per lookup (newest kept when there are more)
@@ -28,10 +29,12 @@ class NgramDrafter(BaseDrafter):
 
     free = True
 
-    def __init__(self, min_n: int = 2, max_n: int = 4, name: str = "ngram") -> None:
+    def __init__(self, min_n: int = 2, max_n: int = 4, name: str = "ngram", rewrites: bool = True) -> None:
         if not 1 <= min_n <= max_n:
             raise ValueError(f"ngram sizes need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
         self.min_n, self.max_n, self.name = min_n, max_n, name
+        # The answer's own edits of what it copies, made in later proposals (drafters/rewrites.py).
+        self.rewrites = Rewrites() if rewrites else None
         self._tokens: list[int] = []
         self._index: dict[int, dict[tuple[int, ...], list[int]]] = {}
         self.last_match_length = 0
@@ -43,7 +46,7 @@ class NgramDrafter(BaseDrafter):
         self._index = {n: defaultdict(list) for n in range(self.min_n, self.max_n + 1)}
 
     def for_slot(self, slot: int) -> NgramDrafter:
-        return NgramDrafter(self.min_n, self.max_n, self.name)
+        return NgramDrafter(self.min_n, self.max_n, self.name, self.rewrites is not None)
 
     def memory_bytes(self) -> int:
         """The index of the last context it was shown: a list slot per token (the ids are the
@@ -64,6 +67,8 @@ class NgramDrafter(BaseDrafter):
 
     def begin(self, sampling, speculation, prompt=(), tokenizer=None) -> None:
         self._follow.begin()
+        if self.rewrites is not None:
+            self.rewrites.reset(tokenizer)
 
     def _sync(self, context: Sequence[int]) -> None:
         # The index survives from one request to the next: a new request's context keeps what it
@@ -134,11 +139,23 @@ class NgramDrafter(BaseDrafter):
     def propose(self, context: Sequence[int], max_tokens: int, grammar=None) -> Draft:
         found = self.matches(context)
         start, length = found[0] if found else (-1, 0)
+        tokens = self._tokens
+        rewrites = self.rewrites if self._follow.in_request else None  # an answer's edits: in a request
+        score = _margin(tokens, found) if found else 0
+        first, sites = (), ()
+        if rewrites is not None:
+            rewrites.observe(tokens)
+            if rewrites.follow is not None:  # the answer follows a change this drafter proposed
+                start, length, first, sites = rewrites.follow
+                score = length = min(length, MAX_BACKWARD)
         self.last_match_length = length
         if start < 0 or max_tokens <= 0:
             return Draft((), source=self.name)
-        proposal = self._tokens[start : start + max_tokens]
-        return Draft(tuple(proposal), source=self.name, score=float(_margin(self._tokens, found)), origin=start)
+        if rewrites is None:
+            proposal = tokens[start : start + max_tokens]
+        else:
+            proposal = rewrites.apply(tokens, start, max_tokens, length, first, sites, rewrites.follow is not None)
+        return Draft(tuple(proposal), source=self.name, score=float(score), origin=start)
 
 
 def _margin(tokens: Sequence[int], found: Sequence[tuple[int, int]]) -> int:
