@@ -99,3 +99,24 @@ def test_the_engine_writes_the_same_edit_in_fewer_forwards():
         )
         assert results[label].token_ids == answer  # exact: a rewrite is only a proposal
     assert results["rewrites"].stats.num_steps < results["plain"].stats.num_steps
+
+
+def test_the_proposal_after_a_change_goes_on_from_it():
+    # After "c = ClearValue" a fresh lookup matches the changed text where it is longest, the
+    # answer's own first line ("(1)\nb = "); the proposal that made the change goes on with the file.
+    source = "a = Clear(1)\nb = Clear(2)\nc = Clear(3)\nd = Clear(4)\n"
+    prompt = TOK.encode("Rename `Clear` to `ClearValue` everywhere.\n" + source + "#")
+    text = source.replace("Clear(", "ClearValue(")
+    answer = TOK.encode(text)
+    before = text.index("Value(3)")  # the third occurrence: the change was seen twice
+    proposals = {}
+    for rewrites in (True, False):
+        drafter = NgramDrafter(rewrites=rewrites)
+        drafter.begin(SamplingParams(), SpeculationConfig(), prompt, TOK)
+        for pos in range(before):  # the answer so far, proposed at every token
+            drafter.propose(prompt + answer[:pos], 8)
+        made = drafter.propose(prompt + answer[:before], 8).token_ids
+        after = before + len("Value")  # the answer wrote the change as proposed
+        proposals[rewrites] = (TOK.decode(made), TOK.decode(drafter.propose(prompt + answer[:after], 8).token_ids))
+    assert proposals[True] == ("Value(3)", "(3)\nd = ")
+    assert proposals[False][0] == "(3)\nd = " and proposals[False][1] == "(1)\nb = "
