@@ -29,6 +29,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from draftwise.backends.base import common_prefix_length
+
 # A change is at most this many tokens on either side, and is learned only where the answer had
 # followed the source for AGREE+ tokens before it and copies it again for RESUMED tokens after.
 MAX_CHANGE = 8
@@ -128,7 +130,7 @@ class Rewrites:
         if last is not None:
             start, proposal, sources, sites, aligned, carried = last
             written = tokens[start : start + len(proposal)]
-            followed = next((i for i, (a, b) in enumerate(zip(written, proposal)) if a != b), len(written))
+            followed = common_prefix_length(written, proposal)
             kept = []
             for offset, change in sites:
                 end = min(len(proposal), offset + max(1, len(change.new)))  # a deletion: the token after it
