@@ -78,6 +78,16 @@ def check_result(answer, body):
     assert timings["predicted_n"] == answer["tokens_predicted"] and timings["predicted_ms"] > 0
 
 
+def test_an_answer_ended_by_eos_counts_the_eos_as_llamacpp_does(fim_server, fim_engine):
+    """llama.cpp's tokens_predicted and timings.predicted_n are its n_decoded: every sampled token,
+    the EOS that ended the answer included, so an answer that is only an EOS reports 1."""
+    eos = min(fim_engine.tokenizer.eos_token_ids)
+    body = {**BODIES["response_fields"], **GREEDY, "response_fields": None, "logit_bias": [[eos, 100]]}
+    answer = infill(fim_server, body)
+    assert answer["content"] == "" and answer["stop_type"] == "eos"
+    assert answer["tokens_predicted"] == answer["timings"]["predicted_n"] == 1
+
+
 @pytest.mark.parametrize("name", ["llama_vim_warmup", "llama_vim_warmup_n0", "llama_vscode_prep"])
 def test_warmup_fills_the_cache_for_the_next_request(fim_server, name):
     warm = infill(fim_server, BODIES[name])

@@ -439,7 +439,8 @@ class InfillAnswer:
             "id_slot": -1,
             "stop": True,
             "model": self.model_name,
-            "tokens_predicted": 0 if self.warmup or stats is None else stats.num_generated,
+            # llama.cpp's n_decoded: every sampled token, the EOS that ended the answer included
+            "tokens_predicted": 0 if self.warmup or stats is None else stats.num_generated + stats.num_eos,
             "tokens_evaluated": len(self.prompt_ids),
             "generation_settings": self.settings,
             "has_new_line": "\n" in completion.text,
@@ -459,7 +460,7 @@ class InfillAnswer:
         if completion.superseded:
             out["superseded"] = True  # extension: a newer request from the same client cancelled this one
         if visible:
-            out["timings"] = _timings(stats, 0 if self.warmup else stats.num_generated)
+            out["timings"] = _timings(stats, 0 if self.warmup else stats.num_generated + stats.num_eos)
         return out if body.response_fields is None else pick(out, body.response_fields)
 
 
