@@ -61,6 +61,10 @@ PROBE_CONTEXT, PROBE_REPEATS = 32, 3
 Progress = Callable[[int, int], None]
 
 
+# CostCurve.ms reads sizes up to this from a table made once (a batch's rows may go past it).
+TABLE_ROWS = 160
+
+
 @dataclass(frozen=True)
 class CostCurve:
     """ms for one forward over n new tokens; points are (n, ms) sorted by n."""
@@ -80,6 +84,10 @@ class CostCurve:
     def __post_init__(self) -> None:
         if not self.points or self.points[0][0] != 1:
             raise ValueError("a cost curve needs a point at n=1")
+        # (base ms, growth per 1,000 tokens) for n = 0..TABLE_ROWS: the policy prices every k of
+        # every proposal at every step, so ms() reads them instead of searching the points.
+        table = [(self._base(n), self.growth_at(n)) for n in range(TABLE_ROWS + 1)]
+        object.__setattr__(self, "_table", table)
 
     @property
     def max_n(self) -> int:
@@ -91,10 +99,10 @@ class CostCurve:
         256 and growth (8, 2), ms(1, 1256) == 30 + 10 (and 30 + 6 with growth_one 6)."""
         if n <= 0:
             return 0.0
-        base = self._base(n)
+        base, growth = self._table[n] if n <= TABLE_ROWS else (self._base(n), self.growth_at(n))
         if context is None or not self.grows:
             return base
-        extra = (context - self.context_len) / 1000 * self.growth_at(n)
+        extra = (context - self.context_len) / 1000 * growth
         # Below the timed context the fit is extrapolated down, never below half the timed cost.
         return max(base + extra, 0.5 * base)
 

@@ -412,6 +412,22 @@ def test_one_row_grows_with_context_apart_from_many():
     assert "one row" in curve.growth_text() and "one row" not in old.growth_text()
 
 
+def test_a_curve_prices_every_size_from_its_table_as_from_its_points():
+    from draftwise.calibrate import TABLE_ROWS, ScaledCurve
+
+    points = ((1, 26.0), (2, 46.0), (4, 70.0), (16, 140.0), (64, 464.0))
+    curve = CostCurve(points, 256, growth=(1.4, 0.81), growth_one=2.8)
+    scaled = ScaledCurve(points, 256, growth=(1.4, 0.81), growth_one=2.8, factors=((1, 0.94), (48, 1.18)))
+    for c in (curve, scaled):
+        for n in (0, 1, 2, 3, 17, 64, 65, TABLE_ROWS, TABLE_ROWS + 1, 400):
+            for context in (None, 100, 256, 9000):
+                base = c._base(n) if n > 0 else 0.0
+                if context is not None and n > 0:
+                    base = max(base + (context - 256) / 1000 * c.growth_at(n), 0.5 * c._base(n))
+                factor = c.factor(n) if isinstance(c, ScaledCurve) and n > 0 else 1.0
+                assert c.ms(n, context) == pytest.approx(base * factor, rel=1e-12)
+
+
 def test_calibration_times_every_context_the_window_holds(tmp_path, monkeypatch):
     """A backend whose forward grows with the context it attends to: the calibrated curve grows
     with context too, and only contexts with room for the largest forward are timed."""

@@ -423,9 +423,9 @@ def plan_batch(policies: Sequence[AutoPolicy], states: Sequence[PlanState], extr
     sum_i (m_i + E_i(k_i)) / (sum_i draft_i(k_i) + T(rows)), rows = sum_i (m_i + k_i + 1) + extra.
 
     Coordinate ascent from all-plain: each request in turn takes its best option with the
-    others fixed, until nothing moves (two or three sweeps). Plain decoding counts MIN_GAIN x its
-    tokens: a request drafts only for a clear win. With one request this is the single-request
-    rule: the best of (m + E(k)) / (draft(k) + T(m + k + 1)) over drafters and k, against
+    others fixed, until nothing moves (two or three sweeps; one for a request alone). Plain
+    decoding counts MIN_GAIN x its tokens: a request drafts only for a clear win. With one request
+    this is the single-request rule: the best of (m + E(k)) / (draft(k) + T(m + k + 1)) over drafters and k, against
     MIN_GAIN x plain. In a large batch a drafted row costs nearly a whole plain step's share,
     so k falls (or drafting stops) as the batch grows: the batch's goodput, not one request's, is maximised.
     """
@@ -444,6 +444,16 @@ def plan_batch(policies: Sequence[AutoPolicy], states: Sequence[PlanState], extr
             return gains[i] * (m + 1), 0.0, m + 1
         return m + option.expected[k], option.draft_ms(k), m + k + 1
 
+    # The forward's time by rows, each size priced once per call: a batch's sweeps ask for the same
+    # sizes once per request, option and sweep.
+    forward_ms: dict[int, float] = {}
+
+    def forward(n: int) -> float:
+        ms = forward_ms.get(n)
+        if ms is None:
+            ms = forward_ms[n] = time_model.ms(n, context)
+        return ms
+
     parts = [value(i, None, 0) for i in range(len(menus))]
     for _ in range(3):
         moved = False
@@ -455,14 +465,14 @@ def plan_batch(policies: Sequence[AutoPolicy], states: Sequence[PlanState], extr
             for option in [None, *menu.options]:
                 for k in range(0 if option is None else 1, 1 if option is None else len(option.expected)):
                     v = value(i, option, k)
-                    rate = (num + v[0]) / (draft + v[1] + time_model.ms(rows + v[2], context))
+                    rate = (num + v[0]) / (draft + v[1] + forward(rows + v[2]))
                     if rate > best_rate:
                         best_rate, best, best_parts = rate, (option, k), v
             if best != choice[i]:
                 moved = True
             choice[i], parts[i] = best, best_parts
-        if not moved:
+        if not moved or len(menus) == 1:  # alone, the first sweep's choice is the best of all
             break
     rows = sum(p[2] for p in parts) + extra_rows
-    rate = sum(p[0] for p in parts) / (sum(p[1] for p in parts) + time_model.ms(rows, context))
+    rate = sum(p[0] for p in parts) / (sum(p[1] for p in parts) + forward(rows))
     return [menu.policy.conclude(menu, option, k, rows, rate) for menu, (option, k) in zip(menus, choice)]

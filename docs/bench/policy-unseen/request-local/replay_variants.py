@@ -1,7 +1,12 @@
 """Replay with the lookups' acceptance estimates carried from earlier requests as they are ("base")
 or with part of that record shrunk at each request's start (the README's tables). Variants:
 "all50" shrinks every bucket's hits and trials to half, "short50" and "short25" only the buckets
-of match lengths below 16 (to half, to a quarter). Lookups free; `ngram` and `suffix`.
+of match lengths below 16 (to half, to a quarter). The floor's variants of
+[floor-fim](../floor-fim/README.md): "cap3" drafts at most 3 tokens of a match shorter than
+8; "split256" keeps the lookups' record twice, for prompts under 256 tokens and for the rest;
+"short50p512" is short50 for prompts under 512 tokens only; "own25p512" leaves the record as it is
+and prices a prompt under 512 tokens' short matches with the record's earlier part at a quarter
+and its own proposals in full. Lookups free; `ngram` and `suffix`.
 
 A SOURCE is a bench run's folder (its own answers at its own forwards' prices), or
 SPLIT.jsonl:RUN (a corpus split's reference answers, edit/copy/fim, priced at RUN's forwards):
@@ -9,7 +14,7 @@ SPLIT.jsonl:RUN (a corpus split's reference answers, edit/copy/fim, priced at RU
     python docs/bench/policy-unseen/request-local/replay_variants.py base,short50 \
         docs/bench/policy-unseen/rewrites/specbench-mini corpus/dev.jsonl:test-edit
 
-The shrink is applied by wrapping AutoPolicy.begin in this script; the policy has no such option.
+The variants wrap the policy's methods in this script; the policy has no such options.
 """
 
 from __future__ import annotations
@@ -28,28 +33,163 @@ from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.loading import LoadOptions, load_backend
 from draftwise.policy import auto, estimates
 
-BEGIN = auto.AutoPolicy.begin
+BEGIN, MENU, EXPECTED = auto.AutoPolicy.begin, auto.AutoPolicy.menu, auto.AutoPolicy._expected
+RATES, UPDATE = estimates.CopyEstimate.rates, estimates.CopyEstimate.update
 
 
-def shrinking(factor: float, below: float | None) -> object:
-    """AutoPolicy.begin, then every lookup estimate's buckets (below: of match lengths under it)
-    keep `factor` of their hits and trials: the new request's own proposals weigh more."""
+def shrink(policy, factor: float, below: float | None) -> None:
+    """Every lookup estimate's buckets (below: of match lengths under it) keep `factor` of their
+    hits and trials: the request's own proposals weigh more."""
     per_table = len(estimates.COPY_BUCKETS)
     cut = per_table if below is None else estimates.copy_bucket(below)
+    for est in policy._copies.values():
+        for i in range(len(est.hits)):
+            if i % per_table < cut:
+                est.hits[i] *= factor
+                est.trials[i] *= factor
+        est._rates = None
+
+
+def shrinking(factor: float, below: float | None) -> dict:
+    def begin(self, drafters, speculation) -> None:
+        BEGIN(self, drafters, speculation)
+        shrink(self, factor, below)
+
+    return {"begin": begin}
+
+
+def by_prompt(on_start) -> dict:
+    """begin and menu that call on_start(policy, prompt_length) at a request's first step."""
 
     def begin(self, drafters, speculation) -> None:
         BEGIN(self, drafters, speculation)
-        for est in self._copies.values():
-            for i in range(len(est.hits)):
-                if i % per_table < cut:
-                    est.hits[i] *= factor
-                    est.trials[i] *= factor
+        self._prompt_length = None
+
+    def menu(self, state):
+        if self._prompt_length is None:
+            self._prompt_length = len(state.context)
+            on_start(self, self._prompt_length)
+        return MENU(self, state)
+
+    return {"begin": begin, "menu": menu}
+
+
+def capped(cap: int, below: float) -> dict:
+    def _expected(self, est, draft, *args):
+        out = EXPECTED(self, est, draft, *args)
+        return out[: cap + 1] if draft.score < below else out
+
+    return {"_expected": _expected}
+
+
+class _Split(dict):
+    """The lookups' estimates kept apart for short and long prompts (keys get '@short'/'@long')."""
+
+    def __init__(self, policy, cut: int) -> None:
+        super().__init__()
+        self.policy, self.cut = policy, cut
+
+    def _key(self, key: str) -> str:
+        return f"{key}@{'short' if (self.policy._prompt_length or 0) < self.cut else 'long'}"
+
+    def __getitem__(self, key):
+        return super().__getitem__(self._key(key))
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(self._key(key), value)
+
+    def get(self, key, default=None):
+        return super().get(self._key(key), default)
+
+
+def split(cut: int) -> dict:
+    def on_start(policy, length: int) -> None:
+        if not isinstance(policy._copies, _Split):
+            policy._copies = _Split(policy, cut)
+
+    return by_prompt(on_start)
+
+
+def short_prompts_shrink(factor: float, cut: int) -> dict:
+    return by_prompt(lambda policy, length: shrink(policy, factor, 16) if length < cut else None)
+
+
+def own_record(factor: float, cut: int) -> dict:
+    """Each estimate also keeps the request's own record (own_h, own_t: the same updates, from zero
+    at the request's start); a prompt under `cut` tokens prices its short matches (below 16) with
+    the earlier requests' part at `factor`: h = factor * hits + (1 - factor) * own_h."""
+    nb, below = len(estimates.COPY_BUCKETS), estimates.copy_bucket(16)
+
+    def own(est):
+        if not hasattr(est, "own_h"):
+            est.own_h, est.own_t, est.local = [0.0] * len(est.priors), [0.0] * len(est.priors), False
+        return est
+
+    def rates(self):
+        own(self)
+        if not self.local:
+            return RATES(self)
+        if self._rates is None:
+            w, f, out = self.prior_weight, factor, []
+            for i, (h, t, p) in enumerate(zip(self.hits, self.trials, self.priors)):
+                if i % nb < below:
+                    h, t = f * h + (1 - f) * self.own_h[i], f * t + (1 - f) * self.own_t[i]
+                out.append((h + p * w) / (t + w))
+            self._rates = out
+        return self._rates
+
+    def update(self, length, num_drafted, num_accepted, line_starts=()):
+        own(self)
+        n = min(num_drafted, num_accepted + 1)
+        judged = [self._index(length, j, j < len(line_starts) and line_starts[j]) for j in range(n)]
+        for i in set(judged):
+            self.own_t[i] *= self.decay
+            self.own_h[i] *= self.decay
+        for j, i in enumerate(judged):
+            self.own_t[i] += 1.0
+            self.own_h[i] += float(j < num_accepted)
+        UPDATE(self, length, num_drafted, num_accepted, line_starts)
+
+    def on_start(policy, length: int) -> None:
+        for est in policy._copies.values():
+            own(est)
+            est.own_h, est.own_t = [0.0] * len(est.priors), [0.0] * len(est.priors)
             est._rates = None
+        policy._local = length < cut
 
-    return begin
+    patches = by_prompt(on_start)
+    menu = patches["menu"]
+
+    def menu_local(self, state):
+        out = menu(self, state)  # on_start first, at the request's first step
+        for est in self._copies.values():
+            if own(est).local != self._local:
+                est.local, est._rates = self._local, None
+        return out
+
+    return {**patches, "menu": menu_local, "rates": rates, "update": update}
 
 
-VARIANTS = {"base": BEGIN, "all50": shrinking(0.5, None), "short50": shrinking(0.5, 16), "short25": shrinking(0.25, 16)}
+VARIANTS = {
+    "base": {},
+    "all50": shrinking(0.5, None),
+    "short50": shrinking(0.5, 16),
+    "short25": shrinking(0.25, 16),
+    "cap3": capped(3, 8),
+    "split256": split(256),
+    "short50p512": short_prompts_shrink(0.5, 512),
+    "own25p512": own_record(0.25, 512),
+}
+
+
+def install(name: str) -> None:
+    """The variant's methods in place of the policy's (every other one restored)."""
+    patches = VARIANTS[name]
+    auto.AutoPolicy.begin = patches.get("begin", BEGIN)
+    auto.AutoPolicy.menu = patches.get("menu", MENU)
+    auto.AutoPolicy._expected = patches.get("_expected", EXPECTED)
+    estimates.CopyEstimate.rates = patches.get("rates", RATES)
+    estimates.CopyEstimate.update = patches.get("update", UPDATE)
 
 
 def main(names: list[str], sources: list[str]) -> None:
@@ -71,7 +211,7 @@ def main(names: list[str], sources: list[str]) -> None:
             prices = account.run_prices(results, curve)
             runs = []
             for name in names:
-                auto.AutoPolicy.begin = VARIANTS[name]
+                install(name)
                 sets = {name: [NgramDrafter(), SuffixDrafter()]}  # afresh: no suffix history carried over
                 runs += replay.replay(
                     pool,
@@ -85,7 +225,7 @@ def main(names: list[str], sources: list[str]) -> None:
                     fences=marks.fences,
                     prices=prices,
                 )
-            auto.AutoPolicy.begin = BEGIN
+            install("base")
             totals: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
             for r in runs if kinds else ():
                 t = totals[(kinds[r.question_id], r.drafters)]
