@@ -424,10 +424,11 @@ def plan_batch(policies: Sequence[AutoPolicy], states: Sequence[PlanState], extr
 
     Coordinate ascent from all-plain: each request in turn takes its best option with the
     others fixed, until nothing moves (two or three sweeps; one for a request alone). Plain
-    decoding counts MIN_GAIN x its tokens: a request drafts only for a clear win. With one request
-    this is the single-request rule: the best of (m + E(k)) / (draft(k) + T(m + k + 1)) over drafters and k, against
-    MIN_GAIN x plain. In a large batch a drafted row costs nearly a whole plain step's share,
-    so k falls (or drafting stops) as the batch grows: the batch's goodput, not one request's, is maximised.
+    decoding counts MIN_GAIN x its tokens: a request drafts only for a clear win. With one
+    request this is the single-request rule: the best of (m + E(k)) / (draft(k) + T(m + k + 1))
+    over drafters and k, against MIN_GAIN x plain. In a large batch a drafted row costs nearly a
+    whole plain step's share, so k falls (or drafting stops) as the batch grows: the batch's
+    goodput, not one request's, is maximised.
     """
     time_model = policies[0].time
     menus = [p.menu(s) for p, s in zip(policies, states)]

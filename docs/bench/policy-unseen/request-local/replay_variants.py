@@ -115,14 +115,15 @@ def short_prompts_shrink(factor: float, cut: int) -> dict:
 
 
 def own_record(factor: float, cut: int) -> dict:
-    """Each estimate also keeps the request's own record (own_h, own_t: the same updates, from zero
-    at the request's start); a prompt under `cut` tokens prices its short matches (below 16) with
-    the earlier requests' part at `factor`: h = factor * hits + (1 - factor) * own_h."""
+    """Each estimate also keeps the request's own record (`own`: a CopyEstimate fed the same
+    updates, from zero at the request's start); a prompt under `cut` tokens prices its short
+    matches (below 16) with the earlier requests' part at `factor`: h = factor * hits + (1 -
+    factor) * own.hits."""
     nb, below = len(estimates.COPY_BUCKETS), estimates.copy_bucket(16)
 
     def own(est):
-        if not hasattr(est, "own_h"):
-            est.own_h, est.own_t, est.local = [0.0] * len(est.priors), [0.0] * len(est.priors), False
+        if not hasattr(est, "own"):
+            est.own, est.local = estimates.CopyEstimate(est.priors[:nb], est.prior_weight, est.decay), False
         return est
 
     def rates(self):
@@ -130,30 +131,21 @@ def own_record(factor: float, cut: int) -> dict:
         if not self.local:
             return RATES(self)
         if self._rates is None:
-            w, f, out = self.prior_weight, factor, []
+            w, f, mine, out = self.prior_weight, factor, self.own, []
             for i, (h, t, p) in enumerate(zip(self.hits, self.trials, self.priors)):
                 if i % nb < below:
-                    h, t = f * h + (1 - f) * self.own_h[i], f * t + (1 - f) * self.own_t[i]
+                    h, t = f * h + (1 - f) * mine.hits[i], f * t + (1 - f) * mine.trials[i]
                 out.append((h + p * w) / (t + w))
             self._rates = out
         return self._rates
 
     def update(self, length, num_drafted, num_accepted, line_starts=()):
-        own(self)
-        n = min(num_drafted, num_accepted + 1)
-        judged = [self._index(length, j, j < len(line_starts) and line_starts[j]) for j in range(n)]
-        for i in set(judged):
-            self.own_t[i] *= self.decay
-            self.own_h[i] *= self.decay
-        for j, i in enumerate(judged):
-            self.own_t[i] += 1.0
-            self.own_h[i] += float(j < num_accepted)
+        UPDATE(own(self).own, length, num_drafted, num_accepted, line_starts)
         UPDATE(self, length, num_drafted, num_accepted, line_starts)
 
     def on_start(policy, length: int) -> None:
         for est in policy._copies.values():
-            own(est)
-            est.own_h, est.own_t = [0.0] * len(est.priors), [0.0] * len(est.priors)
+            own(est).own = estimates.CopyEstimate(est.priors[:nb], est.prior_weight, est.decay)
             est._rates = None
         policy._local = length < cut
 
