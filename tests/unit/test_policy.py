@@ -542,6 +542,22 @@ def test_a_copy_that_resumes_after_an_edit_has_its_own_estimate():
     assert policy._copies["ngram:resume"].rate(1.0, 1) > policy._copies["ngram"].rate(1.0, 1)
 
 
+def test_a_repeated_sentence_that_breaks_is_no_copy_to_resume():
+    # An answer in prose repeats 20 tokens of itself (a 6-token match held 14 more) and goes on
+    # with other words: a later match near that source is a new match, not a file's copy resuming
+    # after an edit (RESUME_MIN_COPY), while the token it broke at is still marked as diverged.
+    policy = AutoPolicy(target_cost=CostCurve.linear(30.0, 1.0), line_ends=frozenset())
+    phrase = list(range(10, 30))
+    policy.begin([Scripted("ngram", {10: (phrase, 6.0, 100), 29: ([31, 32, 33], 2.0, 116)})], SpeculationConfig())
+    context = list(range(10))
+    policy.plan(PlanState(context=context, max_k=32))
+    context += [*phrase[:18], 99]  # held 18 tokens: 6 + 18 = 24 < 48
+    policy.plan(PlanState(context=context, max_k=32))
+    assert "ngram" not in policy._breaks and 28 in policy._diverged
+    policy.plan(PlanState(context=[*context, 31, 32, 33], max_k=32))
+    assert "ngram:resume" not in policy._copies
+
+
 def test_a_match_elsewhere_during_an_edit_is_learned_apart():
     policy = AutoPolicy(target_cost=CostCurve.linear(30.0, 1.0), line_ends=frozenset())
     context = _copy_then_break(policy, {29: ([40, 41], 2.0, 5)})  # source 5: far from the break

@@ -56,6 +56,15 @@ def test_the_oracle_bounds_the_policy_and_knows_a_full_copy():
     assert "oracle_speedup" in summarize(runs)["all"]["ngram"]
 
 
+def test_an_answer_that_ended_at_once_is_left_out_and_the_next_turn_goes_on():
+    # A FIM answer whose first token was EOS has no text: nothing to draft, no speedup to divide.
+    tok = CharTokenizer(96)
+    answers = {**ANSWERS, (2, 0): ""}
+    runs = replay(PROMPTS, answers, tok, sets(), CURVE, count_lookups=False, oracle=True)
+    assert {(r.question_id, r.turn) for r in runs} == {(1, 0), (2, 1)}
+    assert summarize(runs)["chat"]["ngram"]["turns"] == 1
+
+
 def test_the_oracle_takes_the_cheapest_schedule():
     from draftwise.bench.replay import oracle_ms
     from draftwise.types import SpeculationConfig

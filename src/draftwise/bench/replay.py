@@ -184,6 +184,8 @@ def replay(
             prompt_ids = fim_ids(tokenizer, prompt) if prompt.suffix is not None else encode_chat(tokenizer, messages)
             answer_ids = tokenizer.encode(answer, add_special=False)
             history = [*messages, {"role": "assistant", "content": answer}]
+            if not answer_ids:  # ended at once (EOS first): nothing to draft, no speedup to measure
+                continue
             predicted = prompt.prediction_for(turn)
             speculation = SpeculationConfig(
                 prediction=tokenizer.encode(predicted, add_special=False) if predicted else ()

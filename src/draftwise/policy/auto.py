@@ -50,14 +50,18 @@ MAX_SHADOWS = 64
 # RESUME_SOURCE tokens past where a copy of RESUME_MIN_COPY+ tokens broke off, made at most
 # RESUME_CONTEXT tokens after the break (what the edit wrote instead). It keeps an estimate of its
 # own (RESUME_PRIORS): in a whole-file edit the file goes on being copied after each change,
-# while a new short match elsewhere mostly diverges soon.
-RESUME_SOURCE, RESUME_CONTEXT, RESUME_MIN_COPY = 64, 64, 16
+# while a new short match elsewhere mostly diverges soon. 48 tokens, not 16: an answer in prose
+# repeats a sentence of its own or of the question (16-30 tokens) and goes on with other words,
+# and a "resume" there drafted 15 tokens at a 2-token match (Spec-Bench math, replayed: 0.979x
+# plain with 16, 0.994x with 48; docs/bench/policy-unseen/resume-48/README.md).
+RESUME_SOURCE, RESUME_CONTEXT, RESUME_MIN_COPY = 64, 64, 48
 RESUME_PRIORS = (0.7, 0.75, 0.8, 0.85, 0.88, 0.9, 0.93, 0.95, 0.97, 0.98)
-# A token that a long copy proposed where the text went another way (a renamed name, a changed
-# operator) is likely to be wrong again when a copy proposes it later in the same answer: the
-# first such token in a proposal is rated by its own record, P(right) = (hits + DIVERGED_PRIOR *
-# DIVERGED_WEIGHT) / (trials + DIVERGED_WEIGHT), instead of by the copy's match length.
-DIVERGED_PRIOR, DIVERGED_WEIGHT = 0.5, 2.0
+# A token that a copy of DIVERGED_MIN_COPY+ tokens proposed where the text went another way (a
+# renamed name, a changed operator) is likely to be wrong again when a copy proposes it later in
+# the same answer: the first such token in a proposal is rated by its own record, P(right) =
+# (hits + DIVERGED_PRIOR * DIVERGED_WEIGHT) / (trials + DIVERGED_WEIGHT), instead of by the copy's
+# match length.
+DIVERGED_PRIOR, DIVERGED_WEIGHT, DIVERGED_MIN_COPY = 0.5, 2.0, 16
 # The request's ledger of what drafting won or lost against plain decoding (in plain steps, each
 # drafted step's committed tokens less its time in plain steps at its own context): while it is in
 # the red, a draft must promise LEDGER_SLOPE more gain per plain step lost (up to LEDGER_MAX more), so
@@ -290,10 +294,10 @@ class AutoPolicy:
                     self._copies[shadow.key].update(shadow.length, at, at, shadow.line_starts)
                     continue
             self._copies[shadow.key].update(shadow.length, judged, matched, shadow.line_starts)
-            if broke and shadow.length + matched >= RESUME_MIN_COPY:
+            if broke and shadow.length + matched >= DIVERGED_MIN_COPY:
                 self._diverged.setdefault(shadow.token_ids[matched], [0.0, 0.0])
-                if shadow.origin >= 0:
-                    self._breaks[shadow.base] = (shadow.origin + matched, shadow.start + matched)
+            if broke and shadow.length + matched >= RESUME_MIN_COPY and shadow.origin >= 0:
+                self._breaks[shadow.base] = (shadow.origin + matched, shadow.start + matched)
         self._shadows = pending[-MAX_SHADOWS:]
 
     def plan(self, state: PlanState) -> Plan:

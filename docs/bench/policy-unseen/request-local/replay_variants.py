@@ -6,7 +6,9 @@ of match lengths below 16 (to half, to a quarter). The floor's variants of
 8; "split256" keeps the lookups' record twice, for prompts under 256 tokens and for the rest;
 "short50p512" is short50 for prompts under 512 tokens only; "own25p512" leaves the record as it is
 and prices a prompt under 512 tokens' short matches with the record's earlier part at a quarter
-and its own proposals in full. Lookups free; `ngram` and `suffix`.
+and its own proposals in full. "resume16", "resume32", "resume64": a copy must have held that
+many tokens before its break makes a later proposal near it a resume (the policy's
+RESUME_MIN_COPY, 48 since [resume-48](../resume-48/README.md)). Lookups free; `ngram` and `suffix`.
 
 A SOURCE is a bench run's folder (its own answers at its own forwards' prices), or
 SPLIT.jsonl:RUN (a corpus split's reference answers, edit/copy/fim, priced at RUN's forwards):
@@ -34,6 +36,7 @@ from draftwise.loading import LoadOptions, load_backend
 from draftwise.policy import auto, estimates
 
 BEGIN, MENU, EXPECTED = auto.AutoPolicy.begin, auto.AutoPolicy.menu, auto.AutoPolicy._expected
+RESUME_MIN_COPY = auto.RESUME_MIN_COPY
 RATES, UPDATE = estimates.CopyEstimate.rates, estimates.CopyEstimate.update
 
 
@@ -171,6 +174,7 @@ VARIANTS = {
     "split256": split(256),
     "short50p512": short_prompts_shrink(0.5, 512),
     "own25p512": own_record(0.25, 512),
+    **{f"resume{n}": {"resume_min_copy": n} for n in (16, 32, 64)},
 }
 
 
@@ -182,6 +186,7 @@ def install(name: str) -> None:
     auto.AutoPolicy._expected = patches.get("_expected", EXPECTED)
     estimates.CopyEstimate.rates = patches.get("rates", RATES)
     estimates.CopyEstimate.update = patches.get("update", UPDATE)
+    auto.RESUME_MIN_COPY = patches.get("resume_min_copy", RESUME_MIN_COPY)
 
 
 def main(names: list[str], sources: list[str]) -> None:
