@@ -107,7 +107,8 @@ def test_json_has_middle_timings_and_metrics(fim_gguf, source):
     assert data["text"] == plain
     timings = data["timings"]
     assert timings["prompt_n"] == data["num_prompt_tokens"] > len("    return a + b")
-    assert timings["predicted_n"] == data["num_generated"] >= 1 and timings["predicted_ms"] > 0
+    # As /infill's (and llama.cpp's n_decoded): every sampled token, the EOS that ended the middle too.
+    assert timings["predicted_n"] == data["num_generated"] + data["num_eos"] >= 1 and timings["predicted_ms"] > 0
     assert data["num_prefix_dropped"] == data["num_suffix_dropped"] == data["num_extra_dropped"] == 0
     assert "num_drafted" in data and "finish_reason" in data
 

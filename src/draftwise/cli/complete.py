@@ -120,12 +120,13 @@ def complete(
         click.echo(result.text, nl=False)
         return
     s = result.stats
+    predicted = s.num_generated + s.num_eos  # as /infill's and llama.cpp's: the EOS that ended it counts
     timings = {
         "prompt_n": s.num_prompt_tokens - s.num_reused_tokens,
         "prompt_ms": s.prefill_ms,
-        "predicted_n": s.num_generated,
+        "predicted_n": predicted,
         "predicted_ms": s.decode_ms,
-        "predicted_per_second": s.tokens_per_second,
+        "predicted_per_second": 1000.0 * predicted / s.decode_ms if s.decode_ms > 0 else 0.0,
     }
     cuts = {
         "num_prefix_dropped": built.num_prefix_dropped,
