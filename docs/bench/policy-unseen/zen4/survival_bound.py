@@ -11,6 +11,10 @@ the k that maximises (1 + S_f(1) + ... + S_f(k)) / cost(k + 1), plain decoding i
 optimum is the cheapest schedule of the same proposals. Both priced on the cost curve.
 
     python docs/bench/policy-unseen/zen4/survival_bound.py corpus/dev.jsonl test-edit/results.json
+    python docs/bench/policy-unseen/zen4/survival_bound.py corpus/dev.jsonl test-edit/results.json fim
+
+A third argument picks the category (edit, the default; fim: each prompt built as /infill builds
+it, the reference middle as the answer; copy).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from pathlib import Path
 from draftwise import models
 from draftwise.backends.base import common_prefix_length, encode_chat, text_marks
 from draftwise.bench import prompts, replay
+from draftwise.bench.fim import fim_ids
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.loading import LoadOptions, load_backend
@@ -90,12 +95,12 @@ def optimum(curve, prompt_len, correct) -> float:
     return best[0]
 
 
-def main(split: str, curve_path: str) -> None:
+def main(split: str, curve_path: str, category: str = "edit") -> None:
     backend = load_backend(models.DEFAULT_TARGET, LoadOptions(n_ctx=256))
     tokenizer = backend.tokenizer
     line_ends = text_marks(tokenizer, backend.vocab_size).line_ends
     curve = replay.calibrated_curve(json.loads(Path(curve_path).read_text()))
-    pool = prompts.filter_categories(prompts.load_prompts(split), ["edit"])
+    pool = prompts.filter_categories(prompts.load_prompts(split), [category])
     references = replay.reference_answers(pool)
     kinds = {r["question_id"]: r["kind"] for r in map(json.loads, open(split))}
     answers = []
@@ -104,7 +109,10 @@ def main(split: str, curve_path: str) -> None:
             text = references.get((prompt.question_id, 0))
             if not text:
                 continue
-            prompt_ids = encode_chat(tokenizer, [{"role": "user", "content": prompt.turns[0]}])
+            if prompt.suffix is not None:
+                prompt_ids = fim_ids(tokenizer, prompt)
+            else:
+                prompt_ids = encode_chat(tokenizer, [{"role": "user", "content": prompt.turns[0]}])
             answer_ids = tokenizer.encode(text, add_special=False)
             found = positions(tokenizer, line_ends, prompt_ids, answer_ids)
             answers.append((prompt.question_id, len(prompt_ids), *found))
@@ -131,4 +139,4 @@ def main(split: str, curve_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:4])
