@@ -90,7 +90,9 @@ def test_a_chunked_body_over_the_cap_is_refused(server):
         f"{server.url}/v1/completions", content=chunks(), headers={"content-type": "application/json"}, timeout=60
     )
     assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
-    assert client(server.url).completions.create(model=MODEL, prompt="ok", max_tokens=3).usage.completion_tokens == 3
+    # greedy: a sampled answer may end (EOS) before max_tokens
+    done = client(server.url).completions.create(model=MODEL, prompt="ok", max_tokens=3, temperature=0)
+    assert done.usage.completion_tokens == 3
 
 
 def test_one_tenant_is_not_told_what_another_left_in_the_cache(start_server):

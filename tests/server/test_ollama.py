@@ -349,7 +349,7 @@ def test_api_keys_guard_the_ollama_routes():
             ollama.Client(host=server.url).chat(model=MODEL, messages=HELLO)
         assert caught.value.status_code == 401 and "API key" in caught.value.error
         keyed = ollama.Client(host=server.url, headers={"Authorization": f"Bearer {API_KEY}"})
-        assert keyed.chat(model=MODEL, messages=HELLO, options={"num_predict": 3}).eval_count == 3
+        assert keyed.chat(model=MODEL, messages=HELLO, options={"num_predict": 3, "temperature": 0}).eval_count == 3
         assert keyed.list().models[0].model == MODEL + ":latest"
 
 
