@@ -79,6 +79,16 @@ def test_the_oracle_takes_the_cheapest_schedule():
     assert capped > best  # drafts of at most 4 need more forwards
 
 
+def test_the_cheapest_schedule_drafts_what_is_right_where_it_pays():
+    from draftwise.bench.replay import cheapest_schedule
+
+    curve = CostCurve(((1, 10.0), (2, 15.0), (3, 40.0)))  # 2 tokens cost less than two plain steps, 3 more than 3
+    best, choice = cheapest_schedule([1, 0], 0, curve)
+    assert choice == [1, 0] and best[0] == pytest.approx(15.0)
+    best, choice = cheapest_schedule([2, 0, 0], 0, curve)
+    assert choice == [1, 0, 0] and best[0] == pytest.approx(25.0)  # 1 drafted, then a plain step
+
+
 def test_noise_is_seeded():
     tok = CharTokenizer(96)
     a = replay(PROMPTS, ANSWERS, tok, sets(), CURVE, count_lookups=False, noise=0.2, seed=1)

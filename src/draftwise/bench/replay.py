@@ -290,13 +290,7 @@ def oracle_schedule(
             right = common_prefix_length(draft.token_ids[:limit], answer_ids[pos:])
             if right > correct[pos]:
                 correct[pos], source[pos] = right, d.name
-    best = [0.0] * (n + 1)
-    choice = [0] * n
-    for pos in range(n - 1, -1, -1):
-        context = len(prompt_ids) + pos
-        costs = [curve.ms(k + 1, context) + best[pos + k + 1] for k in range(correct[pos] + 1)]
-        choice[pos] = min(range(len(costs)), key=costs.__getitem__)
-        best[pos] = costs[choice[pos]]
+    best, choice = cheapest_schedule(correct, len(prompt_ids), curve)
     steps, pos = [], 0
     while pos < n:
         k = choice[pos]
@@ -305,6 +299,21 @@ def oracle_schedule(
     previous = [prompt_ids[-1] if prompt_ids else -1, *answer_ids[:-1]]
     line_start = tuple(t in newlines for t in previous)
     return Schedule(best[0], tuple(steps), Positions(tuple(correct), tuple(source), line_start))
+
+
+def cheapest_schedule(correct: Sequence[int], prompt_len: int, curve: CostCurve) -> tuple[list[float], list[int]]:
+    """(best, choice): best[p] = the least time from answer position p to the end, choice[p] = the
+    tokens drafted at p on that schedule, where correct[p] tokens of a proposal at p are right and a
+    forward of n tokens at position p costs curve.ms(n, prompt_len + p). Example: correct [1, 0]
+    on a curve where 2 tokens cost less than two plain steps -> choice [1, 0]."""
+    n = len(correct)
+    best, choice = [0.0] * (n + 1), [0] * n
+    for pos in range(n - 1, -1, -1):
+        context = prompt_len + pos
+        costs = [curve.ms(k + 1, context) + best[pos + k + 1] for k in range(correct[pos] + 1)]
+        choice[pos] = min(range(len(costs)), key=costs.__getitem__)
+        best[pos] = costs[choice[pos]]
+    return best, choice
 
 
 def newline_tokens(tokenizer, ids: Sequence[int]) -> frozenset[int]:

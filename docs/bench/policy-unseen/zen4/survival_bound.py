@@ -8,7 +8,8 @@ per feature f = (the ngram proposal's match-length bucket, whether its first tok
 line): over the whole split ("pooled") or over each answer alone ("own": as if the policy knew
 every answer's own statistics from its first token). The simulated policy drafts, at each step,
 the k that maximises (1 + S_f(1) + ... + S_f(k)) / cost(k + 1), plain decoding included; the
-optimum is the cheapest schedule of the same proposals. Both priced on the cost curve.
+optimum is the cheapest schedule of the same proposals (bench.replay.cheapest_schedule, the
+oracle's own). Both priced on the cost curve.
 
     python docs/bench/policy-unseen/zen4/survival_bound.py corpus/dev.jsonl test-edit/results.json
     python docs/bench/policy-unseen/zen4/survival_bound.py corpus/dev.jsonl test-edit/results.json fim
@@ -87,14 +88,6 @@ def simulate(curve, prompt_len, correct, features, surv) -> float:
     return ms
 
 
-def optimum(curve, prompt_len, correct) -> float:
-    n = len(correct)
-    best = [0.0] * (n + 1)
-    for pos in range(n - 1, -1, -1):
-        best[pos] = min(curve.ms(k + 1, prompt_len + pos) + best[pos + k + 1] for k in range(correct[pos] + 1))
-    return best[0]
-
-
 def main(split: str, curve_path: str, category: str = "edit") -> None:
     backend = load_backend(models.DEFAULT_TARGET, LoadOptions(n_ctx=256))
     tokenizer = backend.tokenizer
@@ -126,7 +119,8 @@ def main(split: str, curve_path: str, category: str = "edit") -> None:
             qid, prompt_len, correct, features = answer
             surv = pooled if mode == "pooled" else survival([answer])
             plain = sum(curve.ms(1, prompt_len + i) for i in range(len(correct)))
-            ms, best = simulate(curve, prompt_len, correct, features, surv), optimum(curve, prompt_len, correct)
+            ms = simulate(curve, prompt_len, correct, features, surv)
+            best = replay.cheapest_schedule(correct, prompt_len, curve)[0][0]
             for key in (kinds[qid], "all"):
                 t = totals[key]
                 t[0], t[1], t[2] = t[0] + plain, t[1] + ms, t[2] + best
