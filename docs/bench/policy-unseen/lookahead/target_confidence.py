@@ -60,7 +60,7 @@ def bucket(h: float) -> int:
     return max(i for i, b in enumerate(BUCKETS) if h >= b)
 
 
-def main(split: str, count: int) -> None:
+def main(split: str, count: int, keep: str = "") -> None:
     backend = load_backend(models.DEFAULT_TARGET, LoadOptions(n_ctx=32768))
     tokenizer = backend.tokenizer
     pool = [p for p in prompts.load_prompts(split) if p.category == "edit"][:count]
@@ -70,6 +70,7 @@ def main(split: str, count: int) -> None:
     before = np.zeros((len(BUCKETS), 3))
     at = np.zeros((len(BUCKETS), 2))
     recent = np.zeros((len(BUCKETS), 2))
+    kept: dict[str, np.ndarray] = {}
     for prompt in pool:
         prompt_ids = encode_chat(tokenizer, [{"role": "user", "content": prompt.turns[0]}])
         answer_ids = tokenizer.encode(answers[(prompt.question_id, 0)], add_special=False)
@@ -83,6 +84,7 @@ def main(split: str, count: int) -> None:
             tokenizer=tokenizer,
         )
         h = entropies(backend, prompt_ids, answer_ids)
+        kept[str(prompt.question_id)] = h.astype(np.float32)
         events = long_copy_breaks(schedule.positions.correct)
         broke = {q for q, b in events if b}
         for q, b in events:
@@ -95,6 +97,8 @@ def main(split: str, count: int) -> None:
             recent[bucket(h[q - LONG : q].max())] += (1, soon)
         print(f"{prompt.question_id}: {len(answer_ids)} tokens, {len(events)} in long copies, {len(broke)} breaks")
     backend.close()
+    if keep:
+        np.savez_compressed(keep, **kept)
     print(f"\nH(q-1) nats | positions | share | breaks at q | rate | breaks in q..q+{WITHIN - 1} | rate")
     for i, (n, b, w) in enumerate(before):
         if n:
@@ -111,4 +115,4 @@ def main(split: str, count: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]))
+    main(sys.argv[1], int(sys.argv[2]), *sys.argv[3:4])
