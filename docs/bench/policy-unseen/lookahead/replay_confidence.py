@@ -16,8 +16,8 @@ The variants wrap the policy's methods in this script; the policy has no such op
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -26,11 +26,13 @@ import numpy as np
 from draftwise import models
 from draftwise.backends.base import text_marks
 from draftwise.bench import prompts, replay
-from draftwise.drafters.ngram import NgramDrafter
-from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.loading import LoadOptions, load_backend
 from draftwise.policy import auto
 from draftwise.policy.estimates import CopyEstimate
+
+spec = importlib.util.spec_from_file_location("variants", Path(__file__).parents[1] / "zen4" / "replay_variants.py")
+variants = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(variants)
 
 Policy = auto.AutoPolicy
 ORIGINAL = {name: getattr(Policy, name) for name in ("menu", "_after_break", "_copy")}
@@ -92,19 +94,9 @@ def main(names: list[str], split: str, kept: str, curve_file: str) -> None:
             for attr, method in ORIGINAL.items():
                 setattr(Policy, attr, patched.get(attr, method))
             NOW["rule"] = rule
-            runs = replay.replay(
-                pool,
-                answers,
-                tokenizer,
-                {name: [NgramDrafter(), SuffixDrafter()]},
-                curve,
-                count_lookups=False,
-                oracle=True,
-                line_ends=marks.line_ends,
-                fences=marks.fences,
-            )
-            speed = math.exp(sum(math.log(r.plain_ms / r.ms) for r in runs) / len(runs))
-            best = math.exp(sum(math.log(r.plain_ms / r.oracle_ms) for r in runs) / len(runs))
+            runs = variants.replay_lookups(name, pool, answers, tokenizer, marks, curve)
+            summary = replay.summarize(runs)["all"][name]
+            speed, best = summary["speedup"], summary["oracle_speedup"]
             print(f"{name:12} {len(runs)} edits: policy {speed:.3f}x  optimum {best:.3f}x  ({speed / best:.1%})")
     finally:
         for attr, method in ORIGINAL.items():

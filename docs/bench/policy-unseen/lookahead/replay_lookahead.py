@@ -26,7 +26,7 @@ lookup's k by looking ahead, not by this step's rate alone. The variants:
 (the second: a bench run's own answers, priced at a calibration file's curve instead of the
 run's forwards).
 
-The variants wrap the policy's functions in this script; the policy has no such options.
+The variants wrap the policy's methods in this script; the policy has no such options.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ spec = importlib.util.spec_from_file_location("variants", Path(__file__).parents
 variants = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(variants)
 auto = variants.auto
-ORIGINAL_PLAN = auto.plan_batch
+ORIGINAL_CONCLUDE = auto.AutoPolicy.conclude
 HORIZON = 256
 MODE = {"dp": False, "plain": False, "told": False}
 ANSWER: list = [0, ()]  # the replayed answer: (its prompt's length, its tokens)
@@ -77,32 +77,18 @@ def lookahead_k(expected, forward_ms: np.ndarray, max_k: int) -> tuple[int, np.n
     return int(np.argmin(q)), q
 
 
-def plan_batch(policies, states, extra_rows: int = 0):
-    if len(policies) != 1 or not MODE["dp"]:
-        return ORIGINAL_PLAN(policies, states, extra_rows)
-    policy, state = policies[0], states[0]
-    menu = policy.menu(state)
-    context = len(state.context)
-    m = menu.num_forced
-    time_model = policy.time
-    forward = np.array([0.0] + [time_model.ms(m + n, context) for n in range(1, policy.max_k + 3)])
-    gain = policy.min_gain
-    best_rate, best = gain * (m + 1) / forward[1], (None, 0)
-    for option in menu.options:  # the policy's own choice: drafter and k by this step's rate
-        for k in range(1, len(option.expected)):
-            rate = (m + option.expected[k]) / (option.draft_ms(k) + forward[k + 1])
-            if rate > best_rate:
-                best_rate, best = rate, (option, k)
-    option, k = best
-    if option is not None and option.draft is not None:
-        k_dp, _ = lookahead_k(option.expected, forward, policy.max_k)
+def conclude(self, menu, option, k, rows, rate):
+    """The policy's choice of drafter (and whether to draft) as it is; a lookup's k by look-ahead."""
+    if MODE["dp"] and option is not None and option.draft is not None:
+        m = menu.num_forced
+        forward = np.array([0.0] + [self.time.ms(m + n, self._context) for n in range(1, self.max_k + 3)])
+        k_dp, _ = lookahead_k(option.expected, forward, self.max_k)
         if k_dp or MODE["plain"]:
             k = k_dp
-    if option is not None and k == 0:
-        option = None
-    rows = m + k + 1
-    rate = (m + (option.expected[k] if option else 1)) / ((option.draft_ms(k) if option else 0) + forward[k + 1])
-    return [policy.conclude(menu, option, k, rows, rate)]
+        if k == 0:
+            option = None
+        rows = m + k + 1
+    return ORIGINAL_CONCLUDE(self, menu, option, k, rows, rate)
 
 
 MODES = {"base": (False, False, False), "dp": (True, False, False), "dp_plain": (True, True, False)}
@@ -141,7 +127,7 @@ def plan(self, state):
 
 variants.replay._replay_one = replay_one
 auto.AutoPolicy.plan = plan
-auto.plan_batch = plan_batch
+auto.AutoPolicy.conclude = conclude
 variants.install = install
 variants.VARIANTS.update({name: {} for name in MODES})
 

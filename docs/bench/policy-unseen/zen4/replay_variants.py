@@ -139,6 +139,23 @@ def install(name: str) -> None:
         setattr(auto, attr, patches.get(attr, value))
 
 
+def replay_lookups(name: str, pool, answers, tokenizer, marks, curve, prices=None) -> list:
+    """The answers replayed with the lookups (ngram, suffix) under the policy as patched now, and
+    the hindsight optimum beside it (lookups free)."""
+    return replay.replay(
+        pool,
+        answers,
+        tokenizer,
+        {name: [NgramDrafter(), SuffixDrafter()]},
+        curve,
+        count_lookups=False,
+        oracle=True,
+        line_ends=marks.line_ends,
+        fences=marks.fences,
+        prices=prices,
+    )
+
+
 def main(names: list[str], split: str, prices_from: str = "") -> None:
     backend = load_backend(models.DEFAULT_TARGET, LoadOptions(n_ctx=256))
     tokenizer = backend.tokenizer
@@ -156,18 +173,7 @@ def main(names: list[str], split: str, prices_from: str = "") -> None:
     try:
         for name in names:
             install(name)
-            runs = replay.replay(
-                pool,
-                answers,
-                tokenizer,
-                {name: [NgramDrafter(), SuffixDrafter()]},
-                curve,
-                count_lookups=False,
-                oracle=True,
-                line_ends=marks.line_ends,
-                fences=marks.fences,
-                prices=prices,
-            )
+            runs = replay_lookups(name, pool, answers, tokenizer, marks, curve, prices)
             install("base")
             totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
             for r in runs:
