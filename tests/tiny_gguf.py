@@ -8,6 +8,7 @@ Tensors are given as (out, in) numpy arrays; the gguf writer reverses them to gg
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -30,13 +31,25 @@ def write_tiny_gguf(
     chat_template: str | None = None,
     fim: bool = False,
     context_length: int = 32768,  # the trained window: any n_ctx a test asks for fits it by default
+    architecture: str = "llama",
+    special_tokens: Sequence[str] = (),
+    eot_token: str | None = None,
+    name: str | None = None,
 ) -> Path:
+    """architecture: "llama", or "qwen2" (llama's tensors with q/k/v biases); another name
+    writes llama's tensors under it (a header to read, not a model llama.cpp loads).
+    special_tokens: control tokens appended to the vocabulary (turn markers such as
+    "<start_of_turn>"); eot_token: one of them, named by tokenizer.ggml.eot_token_id."""
     import gguf
 
     rng = np.random.default_rng(seed)
-    tokens = byte_chars() + ["<s>", "</s>"] + (FIM_TOKENS if fim else [])
+    tokens = byte_chars() + ["<s>", "</s>"] + (FIM_TOKENS if fim else []) + list(special_tokens)
     vocab = len(tokens)
-    writer = gguf.GGUFWriter(str(path), "llama")
+    writer = gguf.GGUFWriter(str(path), architecture)
+    if name:
+        writer.add_name(name)
+    if eot_token is not None:
+        writer.add_eot_token_id(tokens.index(eot_token))
     writer.add_context_length(context_length)
     writer.add_embedding_length(n_embd)
     writer.add_block_count(n_layers)
@@ -69,6 +82,10 @@ def write_tiny_gguf(
         writer.add_tensor(f"blk.{i}.attn_q.weight", t(n_embd, n_embd))
         writer.add_tensor(f"blk.{i}.attn_k.weight", t(n_head_kv * head_dim, n_embd))
         writer.add_tensor(f"blk.{i}.attn_v.weight", t(n_head_kv * head_dim, n_embd))
+        if architecture == "qwen2":
+            writer.add_tensor(f"blk.{i}.attn_q.bias", t(n_embd))
+            writer.add_tensor(f"blk.{i}.attn_k.bias", t(n_head_kv * head_dim))
+            writer.add_tensor(f"blk.{i}.attn_v.bias", t(n_head_kv * head_dim))
         writer.add_tensor(f"blk.{i}.attn_output.weight", t(n_embd, n_embd))
         writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
         writer.add_tensor(f"blk.{i}.ffn_gate.weight", t(n_ff, n_embd))

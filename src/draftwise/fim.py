@@ -2,10 +2,10 @@
 
 `fim_tokens(tokenizer)` finds the prefix/suffix/middle (and repo, file-separator, pad) tokens:
 from the tokenizer itself where it knows them (llama.cpp's vocabulary API, which also finds them
-by text when the GGUF has no `tokenizer.ggml.fim_*` metadata), else as single tokens spelling a
-known family's texts. `split_at` cuts a file at an editor's cursor. `fim_prompt` lays out
-llama.cpp's `/infill` prompt (repo-level pattern, arXiv 2409.12186), e.g. for Qwen2.5-Coder with
-one extra file:
+by text when the GGUF has no `tokenizer.ggml.fim_*` metadata), and the roles it lacks as single
+tokens spelling a known family's texts (Qwen, StarCoder2, DeepSeek-Coder, CodeLlama, Codestral).
+`split_at` cuts a file at an editor's cursor. `fim_prompt` lays out llama.cpp's `/infill` prompt
+(repo-level pattern, arXiv 2409.12186), e.g. for Qwen2.5-Coder with one extra file:
 
     <|repo_name|>myproject\\n<|file_sep|>util.py\\n{text}<|file_sep|>filename\\n
     <|fim_prefix|>{prefix}{prompt}<|fim_suffix|>{suffix}<|fim_middle|>
@@ -30,6 +30,7 @@ FIM_TEXTS: dict[str, tuple[str, ...]] = {
         "▁<PRE>",
         "<|code_prefix|>",
         "<|prefix|>",
+        "[PREFIX]",  # Codestral (Mistral's control tokens)
     ),
     "suffix": (
         "<|fim_suffix|>",
@@ -40,6 +41,7 @@ FIM_TEXTS: dict[str, tuple[str, ...]] = {
         "▁<SUF>",
         "<|code_suffix|>",
         "<|suffix|>",
+        "[SUFFIX]",
     ),
     "middle": (
         "<|fim_middle|>",
@@ -52,9 +54,12 @@ FIM_TEXTS: dict[str, tuple[str, ...]] = {
         "<|middle|>",
     ),
     "pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"),
-    "repo": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
-    "file_sep": ("<|file_sep|>",),
+    "repo": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>", "<repo_name>"),
+    "file_sep": ("<|file_sep|>", "<file_sep>"),  # Qwen, StarCoder2
 }
+# Prefix tokens of families trained without a middle token: Codestral reads
+# [SUFFIX]{suffix}[PREFIX]{prefix} and writes the middle next (mistral-common's encode_fim).
+MIDDLELESS_PREFIXES = ("[PREFIX]",)
 # What llama.cpp's server writes where the model names no project or current file (kept, so a
 # prompt here equals its prompt and the model sees the layout it was trained on).
 REPO_NAME = "myproject"
@@ -71,7 +76,7 @@ class FimUnsupportedError(ConfigError):
 class FimTokens:
     prefix: int
     suffix: int
-    middle: int
+    middle: int | None  # None: a middle-less family (Codestral): suffix first, nothing after the prefix
     pad: int | None = None
     repo: int | None = None
     file_sep: int | None = None
@@ -111,33 +116,49 @@ def split_at(text: str, line: int, column: int) -> tuple[str, str]:
 
 
 def fim_tokens(tokenizer: Tokenizer) -> FimTokens | None:
-    """The model's FIM tokens, or None when it lacks prefix, suffix or middle.
+    """The model's FIM tokens, or None when it lacks prefix, suffix or middle (a middle-less
+    family's prefix and suffix suffice: MIDDLELESS_PREFIXES).
 
     A tokenizer that knows its FIM tokens says so through `fim_token_ids()` ({role: id}, roles
-    as in FIM_TEXTS); where it returns None, a role's token is the first of its texts that
-    encodes to one token whose text it is."""
-    known = tokenizer.fim_token_ids()
-    ids: dict[str, int] = dict(known) if known is not None else {}
-    for role, texts in FIM_TEXTS.items() if known is None else ():
-        for text in texts:
+    as in FIM_TEXTS); a role it does not name is the first of the role's texts that encodes to
+    one token whose text it is (llama.cpp knows neither StarCoder2's "<file_sep>" nor Codestral's
+    "[PREFIX]")."""
+    ids: dict[str, int] = dict(tokenizer.fim_token_ids() or {})
+    for role, texts in FIM_TEXTS.items():
+        for text in texts if role not in ids else ():
             encoded = tokenizer.encode(text, add_special=False, parse_special=True)
             if len(encoded) == 1 and tokenizer.token_text(encoded[0]) == text:
                 ids[role] = encoded[0]
                 break
-    if not all(role in ids for role in ("prefix", "suffix", "middle")):
+    if "prefix" not in ids or "suffix" not in ids:
         return None
-    return FimTokens(**ids)
+    if "middle" not in ids and tokenizer.token_text(ids["prefix"]) not in MIDDLELESS_PREFIXES:
+        return None
+    return FimTokens(**{"middle": None, **ids})
 
 
 def require_fim_tokens(tokenizer: Tokenizer) -> FimTokens:
     tokens = fim_tokens(tokenizer)
     if tokens is None:
+        found = [role for role in ("prefix", "suffix", "middle") if _has_role(tokenizer, role)]
+        lacks = [role for role in ("prefix", "suffix", "middle") if role not in found]
         raise FimUnsupportedError(
-            "this model has no fill-in-the-middle tokens (prefix, suffix and middle), so it "
+            f"this model has no fill-in-the-middle tokens (it lacks the {', '.join(lacks)} token"
+            f"{'s' if len(lacks) > 1 else ''}: none of {', '.join(FIM_TEXTS[lacks[0]][:4])}, ...), so it "
             "cannot complete between a prefix and a suffix; use a FIM-trained model such as "
-            "Qwen2.5-Coder"
+            "Qwen2.5-Coder, StarCoder2, DeepSeek-Coder, CodeLlama or Codestral"
         )
     return tokens
+
+
+def _has_role(tokenizer: Tokenizer, role: str) -> bool:
+    if role in (tokenizer.fim_token_ids() or {}):
+        return True
+    for text in FIM_TEXTS[role]:
+        encoded = tokenizer.encode(text, add_special=False, parse_special=True)
+        if len(encoded) == 1 and tokenizer.token_text(encoded[0]) == text:
+            return True
+    return False
 
 
 def fim_prompt(
@@ -162,6 +183,7 @@ def fim_prompt(
     <|fim_prefix|>{prefix}{prompt}<|fim_middle|>, so the typed part of the line comes last and
     everything before it stays cached while a user types; whether the model completes as well
     that way depends on its training (measured for the default target in docs/code-completion.md).
+    A middle-less family (Codestral) is always laid out so, with nothing after the prefix.
 
     Example (Qwen, repo_level=False): ("def f(", "):\\n") -> [<|fim_prefix|>, "def", " f", "(", <|fim_suffix|>,
     "):\\n", <|fim_middle|>].
@@ -198,5 +220,7 @@ def fim_prompt(
         ids_extra = ids_extra[len(ids_extra) - n_extra :]
     bos = tokenizer.encode("", add_special=True)  # [BOS] where the model adds one, else []
     before, after = [tokens.prefix, *ids_prefix, *ids_prompt], [tokens.suffix, *ids_suffix]
-    ids = [*bos, *ids_extra, *((after + before) if spm else (before + after)), tokens.middle]
+    spm = spm or tokens.middle is None
+    middle = [tokens.middle] if tokens.middle is not None else []
+    ids = [*bos, *ids_extra, *((after + before) if spm else (before + after)), *middle]
     return FimPrompt(ids, *dropped)

@@ -1,8 +1,9 @@
 """Build backends, drafters and an Engine from user-facing names (CLI, bench, server).
 
-A model is a registry name (fetched on first use), a GGUF file or a transformers
-model directory. Drafters are named "ngram", "suffix", "grammar", "none", or a draft model; several
-can be given comma-separated ("ngram,qwen2.5-coder-0.5b-instruct") for the auto policy. Models the
+A model is a registry name (fetched on first use), a GGUF file, a transformers model
+directory, or a model in the user's stores (Ollama's "qwen2.5-coder:7b": draftwise.stores).
+Drafters are named "ngram", "suffix", "grammar", "none", or a draft model; several can be given
+comma-separated ("ngram,qwen2.5-coder-0.5b-instruct") for the auto policy. Models the
 auto policy prices are calibrated here, before anything is timed (calibrate_models).
 """
 
@@ -13,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from draftwise import calibrate, models
+from draftwise import calibrate, models, stores
 from draftwise.backends.base import Backend, num_slots, text_marks
 from draftwise.backends.hf import DEVICES, DTYPES
 from draftwise.calibrate import CostCurve
@@ -45,6 +46,8 @@ class LoadOptions:
     ngram_max: int = 4
     n_seq_max: int = 1  # llama.cpp sequences for token-tree verification (target only)
     slots: int = 1  # requests decoded together (continuous batching); 0: the backend's default
+    chat_template: str | None = None  # llama.cpp: a built-in template's name or a Jinja file (the GGUF's own: None)
+    models_dirs: tuple[str, ...] = ()  # folders of GGUF files to find models in, beside the stores
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -79,9 +82,9 @@ def default_slots(kind: str, options: LoadOptions) -> int:
 
 
 def load_backend(spec: str, options: LoadOptions = LoadOptions(), progress=None) -> Backend:
-    path = models.resolve(spec, progress=progress)
+    resolved = stores.resolve(spec, options.models_dirs, progress=progress)
+    path, name = resolved.path, resolved.name
     kind = backend_kind(path, options)
-    name = spec if spec in models.REGISTRY else Path(spec).name
     if options.slots == 0:
         options = replace(options, slots=default_slots(kind, options))
     if kind == "llamacpp":
@@ -89,6 +92,7 @@ def load_backend(spec: str, options: LoadOptions = LoadOptions(), progress=None)
             raise ConfigError(f"{path} is a directory; the llama.cpp backend needs a .gguf file (or use --backend hf)")
         from draftwise.backends.llamacpp import LlamaCppBackend
 
+        stores.check_loadable(path, options.n_ctx, options.slots)  # a corrupt file or too little memory, by name
         return LlamaCppBackend(
             path,
             n_ctx=options.n_ctx,
@@ -96,7 +100,10 @@ def load_backend(spec: str, options: LoadOptions = LoadOptions(), progress=None)
             name=name,
             n_seq_max=options.n_seq_max,
             slots=options.slots,
+            chat_template=options.chat_template,
         )
+    if options.chat_template:
+        raise ConfigError("--chat-template is for GGUF models (llama.cpp); a transformers model uses its own")
     from draftwise.backends.hf import HFBackend
 
     return HFBackend(

@@ -30,6 +30,7 @@ LAYERS: dict[str, int] = {
     "metrics": 1,
     "models": 1,
     "constraints": 1,
+    "gguf_header": 1,
     # 2: the seams' implementations; calibrate times a Backend, and the auto policy reads it
     "backends": 2,
     "drafters": 2,
@@ -37,6 +38,8 @@ LAYERS: dict[str, int] = {
     "calibrate": 2,
     "fim": 2,
     "tools": 2,
+    "model_facts": 2,  # reads a GGUF's header: its chat template's family (backends), FIM texts, tool format
+    "stores": 2,
     # 3: one request's state, one step over a batch of them, and the slot pool requests run in
     "step": 3,
     "request": 3,

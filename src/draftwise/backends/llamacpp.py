@@ -25,6 +25,7 @@ from draftwise.backends.base import (
     kv_figures,
     utf8,
 )
+from draftwise.backends.chat_templates import ChatTemplate, choose_template, named_template, render_builtin
 from draftwise.types import ConfigError
 
 # ggml cache types -> (bytes, elements) of one block; f16 (1) is llama.cpp's default cache type.
@@ -75,7 +76,7 @@ def default_threads() -> int:
 
 
 class LlamaCppTokenizer:
-    def __init__(self, llm, llama_cpp) -> None:
+    def __init__(self, llm, llama_cpp, chat_template: ChatTemplate | None = None, model_name: str = "") -> None:
         self._llm = llm
         self._vocab = llama_cpp.llama_model_get_vocab(llm.model)
         self._c = llama_cpp
@@ -83,7 +84,13 @@ class LlamaCppTokenizer:
         self._n_vocab = n
         n_tokens = llama_cpp.llama_vocab_n_tokens(self._vocab)
         self.eos_token_ids = frozenset(t for t in range(n_tokens) if llama_cpp.llama_vocab_is_eog(self._vocab, t))
-        self._template = llm.metadata.get("tokenizer.chat_template")
+        self._model_name = model_name
+        self._chat = choose_template(
+            chat_template,
+            llm.metadata.get("tokenizer.chat_template"),
+            llm.metadata.get("general.architecture", ""),
+            self._is_token,
+        )
         self._formatters: dict[bool, object] = {}  # by add_generation_prompt
         self._control_texts: frozenset[str] | None = None
 
@@ -145,15 +152,26 @@ class LlamaCppTokenizer:
         eos = self._c.llama_vocab_eos(self._vocab)
         return eos if eos in self.eos_token_ids or not self.eos_token_ids else min(self.eos_token_ids)
 
+    def _is_token(self, text: str) -> bool:
+        ids = self.encode(text, add_special=False, parse_special=True)
+        return len(ids) == 1 and self.token_text(ids[0]) == text
+
     @property
     def chat_template(self) -> str | None:
-        return self._template or None
+        """The Jinja source (None for a built-in template, which knows no tools, or none)."""
+        return self._chat.jinja if self._chat is not None else None
 
     def apply_chat_template(
         self, messages: Sequence[dict], *, add_generation_prompt: bool = True, tools: Sequence[dict] | None = None
     ) -> str:
-        if not self._template:
-            raise BackendError("this model has no chat template in its GGUF metadata; use a plain prompt")
+        if self._chat is None:
+            raise BackendError(
+                f"{self._model_name or 'this model'} has no chat template in its GGUF metadata and its family has "
+                "no known default; name one with --chat-template (a llama.cpp built-in such as chatml, llama3, "
+                "gemma, mistral-v7, phi3, or a Jinja file), or use a plain prompt"
+            )
+        if self._chat.builtin is not None:
+            return render_builtin(self._chat.builtin, messages, add_generation_prompt=add_generation_prompt)
         formatter = self._formatters.get(add_generation_prompt)
         if formatter is None:
             from llama_cpp.llama_chat_format import Jinja2ChatFormatter
@@ -162,7 +180,7 @@ class LlamaCppTokenizer:
                 return self.token_text(token) if token >= 0 else ""
 
             formatter = self._formatters[add_generation_prompt] = Jinja2ChatFormatter(
-                template=self._template,
+                template=self._chat.jinja,
                 eos_token=text_of(self._llm.token_eos()),
                 bos_token=text_of(self._llm.token_bos()),
                 add_generation_prompt=add_generation_prompt,
@@ -272,10 +290,14 @@ class LlamaCppBackend(_SequenceOps):
         name: str | None = None,
         n_seq_max: int = 1,
         slots: int = 1,
+        chat_template: str | None = None,
     ) -> None:
+        """chat_template: a llama.cpp built-in template's name or a Jinja file, used instead of
+        the GGUF's own (draftwise.backends.chat_templates)."""
         path = Path(model_path)
         if not path.is_file():
             raise FileNotFoundError(f"model file not found: {path}")
+        template = named_template(chat_template) if chat_template else None  # refused before the load
         if slots < 1:
             raise ConfigError(f"slots must be >= 1, got {slots}")
         if slots > 1 and n_seq_max > 1:
@@ -355,7 +377,7 @@ class LlamaCppBackend(_SequenceOps):
         self.path = path
         self.name = name or path.name
         self.identity = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
-        self.tokenizer = LlamaCppTokenizer(self._llm, C)
+        self.tokenizer = LlamaCppTokenizer(self._llm, C, template, self.name)
         self.capabilities = Capabilities(
             exact=False,
             device="cpu",

@@ -1,10 +1,11 @@
-"""Command line: draftwise pull | generate | chat | complete | demo | calibrate | bench |
+"""Command line: draftwise models | pull | generate | chat | complete | demo | calibrate | bench |
 bench-serve | replay | corpus | serve | index.
 
 A thin client of the public API, one module per command group: generate.py (generate, demo),
 chat.py (a conversation in the terminal, tokens coloured by source), complete.py (fill in the
 middle at a cursor), serve.py (serve, also on Ray), bench.py (bench, bench-serve), replay.py,
-corpus.py (a development corpus from local source files), models.py (pull, calibrate, index);
+corpus.py (a development corpus from local source files), models.py (models, pull, calibrate,
+index);
 common.py holds what they share. Bad arguments end with a one-line message and a non-zero exit
 status, never a traceback.
 """
@@ -25,6 +26,7 @@ def main() -> None:
 
 
 for command in (
+    models.list_models,
     models.pull,
     generate.generate,
     chat.chat,

@@ -56,6 +56,30 @@ def _apply(fn, opts):
     return fn
 
 
+# Where --chat-template and --models-dir keep their values for load_options (click's ctx.meta).
+# NOTE: kept out of the commands' parameters, so every command that takes model_options has them
+# without a new argument each; load_options is the one reader.
+_META_KEYS = {"chat_template": "draftwise.chat_template", "models_dir": "draftwise.models_dirs"}
+
+
+def _keep_in_meta(ctx, param, value):
+    ctx.meta[_META_KEYS[param.name]] = value
+    return value
+
+
+def models_dir_option(fn):
+    """--models-dir (repeatable): folders of GGUF files to find models in, beside the stores."""
+    return click.option(
+        "--models-dir",
+        multiple=True,
+        type=click.Path(file_okay=False),
+        expose_value=False,
+        callback=_keep_in_meta,
+        help="A folder of GGUF files to find models in, beside Ollama's, LM Studio's and the Hugging Face "
+        "cache (repeatable).",
+    )(fn)
+
+
 def model_options(fn):
     """Options shared by generate, demo, bench, serve and calibrate: which target, on what."""
     defaults = LoadOptions()
@@ -66,8 +90,18 @@ def model_options(fn):
                 "--target",
                 default=models.DEFAULT_TARGET,
                 show_default=True,
-                help="Target model: a registry name, a .gguf file or a transformers directory.",
+                help="Target model: a registry name, a model `draftwise models` lists (Ollama's "
+                "qwen2.5-coder:7b, LM Studio's, the Hugging Face cache's), a .gguf file or a transformers directory.",
             ),
+            click.option(
+                "--chat-template",
+                default=None,
+                expose_value=False,
+                callback=_keep_in_meta,
+                help="For a GGUF without one (or instead of its own): a llama.cpp built-in template "
+                "(chatml, llama3, gemma, mistral-v7, phi3, ...) or a Jinja file.",
+            ),
+            models_dir_option,
             click.option("--backend", type=click.Choice(BACKENDS), default=defaults.backend, show_default=True),
             click.option(
                 "--n-ctx", type=int, default=defaults.n_ctx, show_default=True, help="Context window in tokens."
@@ -154,8 +188,26 @@ def constraint_from(json_schema, json_object, regex, grammar) -> Constraint | No
     return None
 
 
+def models_dirs() -> tuple[str, ...]:
+    """--models-dir's folders, from the running command's context."""
+    ctx = click.get_current_context(silent=True)
+    return tuple(ctx.meta.get(_META_KEYS["models_dir"]) or ()) if ctx is not None else ()
+
+
 def load_options(backend, n_ctx, threads, dtype, device) -> LoadOptions:
-    return LoadOptions(backend=backend, n_ctx=n_ctx, threads=threads, dtype=dtype, device=device)
+    """The LoadOptions of model_options' values (--chat-template and --models-dir from the
+    running command's context, where model_options kept them)."""
+    ctx = click.get_current_context(silent=True)
+    meta = ctx.meta if ctx is not None else {}
+    return LoadOptions(
+        backend=backend,
+        n_ctx=n_ctx,
+        threads=threads,
+        dtype=dtype,
+        device=device,
+        chat_template=meta.get(_META_KEYS["chat_template"]),
+        models_dirs=models_dirs(),
+    )
 
 
 def csv(kind, allow_same: bool = False):

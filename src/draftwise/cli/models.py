@@ -1,16 +1,121 @@
-"""draftwise pull (fetch models into the cache), calibrate (time forwards of 1..n tokens) and
-index (build retrieval datastores for the datastore drafter)."""
+"""draftwise models (the models the user has, in every store: draftwise.stores), pull (fetch
+models into the cache), calibrate (time forwards of 1..n tokens) and index (build retrieval
+datastores for the datastore drafter)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
 
 from draftwise import models
 from draftwise.calibrate import MAX_N, THOROUGH_REPEATS, cache_file, load_or_measure
-from draftwise.cli.common import download_progress, friendly_errors, load_options, model_options, stderr_console
+from draftwise.cli.common import (
+    download_progress,
+    friendly_errors,
+    load_options,
+    model_options,
+    models_dir_option,
+    models_dirs,
+    stderr_console,
+)
 from draftwise.loading import LoadOptions, load_backend
+
+COLUMNS = ("name", "store", "family", "params", "quant", "size", "vocab", "context", "template", "tools", "FIM")
+NUMERIC_COLUMNS = ("params", "size", "vocab", "context")
+
+
+def format_count(n: int) -> str:
+    """1_543_714_304 -> '1.54B'; 494_032_768 -> '494M'; 12_345 -> '12.3K'."""
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            value = n / scale
+            return f"{value:.2f}{unit}" if value < 10 else f"{value:.0f}{unit}"
+    return str(n)
+
+
+def format_bytes(n: int) -> str:
+    """1_117_320_768 -> '1.04 GiB'; 491_400_064 -> '469 MiB'."""
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB" if n >= 2**20 else f"{n / 1024:.0f} KiB"
+
+
+def _registry_rows(found) -> list[dict]:
+    """The registry's models not in the cache yet (draftwise pull fetches them)."""
+    cached = {m.name for m in found if m.store == "draftwise"}
+    return [
+        {"name": name, "store": "registry", "size_bytes": spec.size, "pulled": False}
+        for name, spec in models.REGISTRY.items()
+        if name not in cached
+    ]
+
+
+@click.command("models")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: models, skipped files, folders searched.")
+@models_dir_option
+@friendly_errors
+def list_models(as_json: bool) -> None:
+    """The models you have: draftwise's cache, Ollama's and LM Studio's stores, the Hugging Face
+    and llama.cpp caches, and --models-dir folders, each read in place. --target takes their names."""
+    from draftwise.stores import StoreRoots, discover
+
+    found = discover(StoreRoots.from_environment(models_dirs()))
+    rows = [m.as_json() for m in found.models] + _registry_rows(found.models)
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "models": rows,
+                    "skipped": [{"path": str(s.path), "reason": s.reason} for s in found.skipped],
+                    "searched": [{"store": store, "path": str(path)} for store, path in found.searched],
+                },
+                indent=2,
+            )
+        )
+        return
+    _print_table(rows, found)
+
+
+def _print_table(rows: list[dict], found) -> None:
+    import sys
+
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="models (--target takes a name)")
+    for column in COLUMNS:
+        table.add_column(
+            column, overflow="fold", no_wrap=column == "name", justify="right" if column in NUMERIC_COLUMNS else "left"
+        )
+    for row in rows:
+        if row["store"] == "registry":
+            note = f"not pulled yet (draftwise pull {row['name']})"
+            table.add_row(row["name"], row["store"], note, "", "", format_bytes(row["size_bytes"]), *[""] * 5)
+            continue
+        if "problem" in row:
+            continue  # listed under the table: the message names the file
+        table.add_row(
+            row["name"],
+            row["store"],
+            row["architecture"],
+            format_count(row["num_params"]),
+            row["quantisation"],
+            format_bytes(row["size_bytes"]),
+            str(row["vocab_size"] or "?"),
+            str(row["context_length"] or "?"),
+            row["chat_template"],
+            row["tool_format"] or "-",
+            "yes" if row["fim"] else "-",
+        )
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    console.print(table)
+    for row in rows:
+        if "problem" in row:
+            console.print(f"[red]cannot use[/red] {row['name']} ({row['store']}): {row['problem']}", soft_wrap=True)
+    for skipped in found.skipped:
+        console.print(f"skipped {skipped.path}: {skipped.reason}", soft_wrap=True)
+    if not found.searched:
+        console.print("no store found (looked for Ollama, LM Studio, the Hugging Face and llama.cpp caches)")
 
 
 @click.command()

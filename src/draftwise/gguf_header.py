@@ -1,0 +1,219 @@
+"""A GGUF file's header read without loading its weights: metadata, tensor shapes, and the facts
+a model list shows (family, parameters, quantisation, vocabulary, context, chat template, FIM).
+
+The format (github.com/ggml-org/ggml docs/gguf.md, versions 2 and 3): "GGUF", a version, the
+tensor and key-value counts, the key-values, then one (name, shape, type, offset) per tensor;
+the data follows, aligned. Every length is checked against the file's size, so a truncated or
+corrupt file is a GGUFError naming it, never a crash or a huge allocation.
+"""
+
+from __future__ import annotations
+
+import mmap
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from draftwise.errors import ModelError
+
+MAGIC = b"GGUF"
+DEFAULT_ALIGNMENT = 32
+# ggml tensor types -> (elements per block, bytes per block) (ggml's GGML_QUANT_SIZES).
+QUANT_SIZES: dict[int, tuple[int, int]] = {
+    0: (1, 4),  # F32
+    1: (1, 2),  # F16
+    2: (32, 18),  # Q4_0
+    3: (32, 20),  # Q4_1
+    6: (32, 22),  # Q5_0
+    7: (32, 24),  # Q5_1
+    8: (32, 34),  # Q8_0
+    9: (32, 36),  # Q8_1
+    10: (256, 84),  # Q2_K
+    11: (256, 110),  # Q3_K
+    12: (256, 144),  # Q4_K
+    13: (256, 176),  # Q5_K
+    14: (256, 210),  # Q6_K
+    15: (256, 292),  # Q8_K
+    16: (256, 66),  # IQ2_XXS
+    17: (256, 74),  # IQ2_XS
+    18: (256, 98),  # IQ3_XXS
+    19: (256, 50),  # IQ1_S
+    20: (32, 18),  # IQ4_NL
+    21: (256, 110),  # IQ3_S
+    22: (256, 82),  # IQ2_S
+    23: (256, 136),  # IQ4_XS
+    24: (1, 1),  # I8
+    25: (1, 2),  # I16
+    26: (1, 4),  # I32
+    27: (1, 8),  # I64
+    28: (1, 8),  # F64
+    29: (256, 56),  # IQ1_M
+    30: (1, 2),  # BF16
+    34: (256, 54),  # TQ1_0
+    35: (256, 66),  # TQ2_0
+    39: (32, 17),  # MXFP4
+}
+# general.file_type (llama.cpp's llama_ftype) -> the name quantisers and model cards use.
+FILE_TYPES: dict[int, str] = {
+    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K", 11: "Q3_K_S",
+    12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K",
+    19: "IQ2_XXS", 20: "IQ2_XS", 21: "Q2_K_S", 22: "IQ3_XS", 23: "IQ3_XXS", 24: "IQ1_S", 25: "IQ4_NL",
+    26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S", 29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M", 32: "BF16",
+    36: "TQ1_0", 37: "TQ2_0", 38: "MXFP4_MOE",
+}  # fmt: skip
+# ggml tensor types by name, for a file without general.file_type (the most common matrix type).
+TENSOR_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 12: "Q4_K", 14: "Q6_K",
+                30: "BF16"}  # fmt: skip
+# Value types: fixed-size scalars by struct format; 8 is a string, 9 an array.
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+# Arrays kept as values: the token list (texts), and small ones (the rest are skipped over).
+_KEPT_ARRAYS = ("tokenizer.ggml.tokens",)
+_SMALL_ARRAY = 64
+# A split model's later parts ("-00002-of-00003.gguf"): loaded through the first part.
+SPLIT_PART = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
+
+
+class GGUFError(ModelError):
+    """Not a GGUF file, or a truncated or corrupt one; the message names the file."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]
+    ggml_type: int
+    offset: int  # from the start of the data section
+
+    @property
+    def num_elements(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def num_bytes(self) -> int | None:
+        """Bytes of the tensor's data, None for a type this reader does not know."""
+        block = QUANT_SIZES.get(self.ggml_type)
+        return None if block is None else self.num_elements // block[0] * block[1]
+
+
+@dataclass(frozen=True)
+class GGUFHeader:
+    path: Path
+    version: int
+    metadata: dict[str, object]
+    tensors: tuple[TensorInfo, ...]
+    data_offset: int  # where the tensor data starts
+    file_size: int
+
+
+class _Reader:
+    """Little-endian reads from a buffer, each checked against its end."""
+
+    def __init__(self, buf, path: Path, kept: tuple[str, ...]) -> None:
+        self.buf, self.pos, self.path, self.end, self.kept = buf, 0, path, len(buf), kept
+
+    def need(self, n: int) -> None:
+        if n < 0 or self.pos + n > self.end:
+            raise GGUFError(
+                f"{self.path}: truncated or corrupt GGUF file (the header runs past its end at byte {self.pos})"
+            )
+
+    def scalar(self, fmt: str):
+        size = struct.calcsize(fmt)
+        self.need(size)
+        (value,) = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += size
+        return value
+
+    def string(self, decode: bool = True) -> str | None:
+        n = self.scalar("<Q")
+        self.need(n)
+        raw = bytes(self.buf[self.pos : self.pos + n]) if decode else None
+        self.pos += n
+        return raw.decode("utf-8", errors="replace") if raw is not None else None
+
+    def value(self, kind: int, key: str):
+        if kind in _SCALARS:
+            return self.scalar(_SCALARS[kind])
+        if kind == _STRING:
+            return self.string()
+        if kind != _ARRAY:
+            raise GGUFError(f"{self.path}: corrupt GGUF file (value type {kind} of {key!r})")
+        item, n = self.scalar("<I"), self.scalar("<Q")
+        keep = key in self.kept or n <= _SMALL_ARRAY
+        if item in _SCALARS:
+            size = struct.calcsize(_SCALARS[item])
+            self.need(n * size)
+            out = list(struct.iter_unpack(_SCALARS[item], self.buf[self.pos : self.pos + n * size])) if keep else None
+            self.pos += n * size
+            return [v for (v,) in out] if out is not None else SkippedArray(n)
+        if item == _STRING:
+            if keep:
+                return [self.string() for _ in range(n)]
+            for _ in range(n):  # every length must be read to find the next key
+                self.string(decode=False)
+            return SkippedArray(n)
+        raise GGUFError(f"{self.path}: corrupt GGUF file (array of type {item} in {key!r})")
+
+
+@dataclass(frozen=True)
+class SkippedArray:
+    """An array read past, not kept: its length only."""
+
+    length: int
+
+    def __len__(self) -> int:
+        return self.length
+
+
+def read_header(path: Path, *, with_tokens: bool = True) -> GGUFHeader:
+    """The header of the GGUF file at path. Raises GGUFError (a ModelError) naming the file
+    when it is not GGUF or is cut short, OSError when it cannot be read. with_tokens=False
+    skips the token list's texts (its length is kept): ~3x faster on a 150k vocabulary."""
+    path = Path(path)
+    size = path.stat().st_size
+    if size < 24:
+        raise GGUFError(f"{path}: not a GGUF file ({size} bytes)")
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        if buf[:4] != MAGIC:
+            raise GGUFError(f"{path}: not a GGUF file (it starts with {bytes(buf[:4])!r}, not {MAGIC!r})")
+        r = _Reader(buf, path, _KEPT_ARRAYS if with_tokens else ())
+        r.pos = 4
+        version = r.scalar("<I")
+        if version not in (2, 3):
+            raise GGUFError(f"{path}: GGUF version {version} is not supported (2 or 3)")
+        num_tensors, num_kv = r.scalar("<Q"), r.scalar("<Q")
+        if num_tensors > size or num_kv > size:
+            raise GGUFError(f"{path}: corrupt GGUF file ({num_tensors} tensors, {num_kv} keys)")
+        metadata: dict[str, object] = {}
+        for _ in range(num_kv):
+            key = r.string()
+            metadata[key] = r.value(r.scalar("<I"), key)
+        tensors = []
+        for _ in range(num_tensors):
+            name = r.string()
+            n_dims = r.scalar("<I")
+            if n_dims > 8:
+                raise GGUFError(f"{path}: corrupt GGUF file (tensor {name!r} has {n_dims} dimensions)")
+            shape = tuple(r.scalar("<Q") for _ in range(n_dims))
+            tensors.append(TensorInfo(name, shape, r.scalar("<I"), r.scalar("<Q")))
+        align = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+        align = align if isinstance(align, int) and align > 0 else DEFAULT_ALIGNMENT
+        data_offset = -(-r.pos // align) * align
+    header = GGUFHeader(path, version, metadata, tuple(tensors), data_offset, size)
+    _check_complete(header)
+    return header
+
+
+def _check_complete(header: GGUFHeader) -> None:
+    """A file whose tensor data ends before its last tensor does is truncated (a download cut short)."""
+    end = max((t.offset + (t.num_bytes or 0) for t in header.tensors), default=0)
+    if header.data_offset + end > header.file_size:
+        raise GGUFError(
+            f"{header.path}: truncated GGUF file ({header.file_size:,} bytes where its tensors need "
+            f"{header.data_offset + end:,}); download it again"
+        )
