@@ -22,13 +22,15 @@ BROWSER_ACCEPT = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.
 
 @pytest.fixture(scope="module")
 def client():
-    with TestClient(create_app(make_engine(draft_model=False), MODEL)) as client:
+    with TestClient(create_app(make_engine(draft_model=False), MODEL), base_url="http://localhost") as client:
         yield client
 
 
 @pytest.fixture(scope="module")
 def keyed():
-    with TestClient(create_app(make_engine(draft_model=False), MODEL, api_key=API_KEY)) as client:
+    with TestClient(
+        create_app(make_engine(draft_model=False), MODEL, api_key=API_KEY), base_url="http://localhost"
+    ) as client:
         yield client
 
 

@@ -187,3 +187,65 @@ def test_the_key_typed_into_the_page_is_its_auth(browser):
         assert browser.execute_script("return arguments[0].querySelector('.text').textContent", answer) == ANSWER
         browser.refresh()  # the key outlives the page
         wait.until(lambda d: d.find_element(By.ID, "model").text == MODEL)
+
+
+ATTACK_PAGE = """<!doctype html><title>elsewhere</title><script>
+const target = new URLSearchParams(location.search).get("target");
+const body = JSON.stringify({model: "MODEL", prompt: "Hi", stream: false, options: {num_predict: 2}});
+// a "simple" request (no preflight): the browser sends it whatever the answer
+fetch(target + "/api/generate", {method: "POST", mode: "no-cors", headers: {"Content-Type": "text/plain"}, body})
+  .catch(() => null)  // an opaque answer either way: the page cannot tell
+  .then(() => fetch(target + "/api/generate", {method: "POST", headers: {"Content-Type": "application/json"}, body}))
+  .then((r) => r.json()).then((j) => { document.title = "read:" + j.response; })
+  .catch((e) => { document.title = "blocked:" + e.name; });
+</script>""".replace("MODEL", MODEL)
+
+
+@pytest.fixture
+def elsewhere():
+    """Another origin (another port of 127.0.0.1) serving ATTACK_PAGE."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Page(BaseHTTPRequestHandler):
+        def do_GET(self):
+            data = ATTACK_PAGE.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_a_page_of_another_origin_cannot_drive_the_server(browser, elsewhere):
+    """In a real browser: another site's page neither starts a generation (its no-cors text/plain
+    POST gets 403) nor reads an answer; the same page, once its origin is allowed, reads one."""
+    from draftwise.server import create_app
+    from draftwise.server.access import Access
+
+    def generations(live) -> int:
+        counter = live.app.state.server.metrics.requests
+        return sum(int(s.value) for m in counter.collect() for s in m.samples if s.name.endswith("_total"))
+
+    wait = WebDriverWait(browser, 20)
+    with LiveServer(scripted_engine()) as live:
+        browser.get(f"{elsewhere}/?target={live.url}")
+        wait.until(lambda d: d.title.startswith(("read:", "blocked:")))
+        assert browser.title == "blocked:TypeError"  # the CORS fetch failed: 403 without CORS headers
+        assert generations(live) == 0  # and the no-cors POST ran nothing
+    engine = scripted_engine()
+    allowed = create_app(engine, MODEL, access=Access(allowed_origins=(elsewhere,)))
+    with LiveServer(engine, app=allowed) as live:
+        browser.get(f"{elsewhere}/?target={live.url}")
+        wait.until(lambda d: d.title.startswith(("read:", "blocked:")))
+        assert browser.title.startswith("read:")  # preflight answered, the answer readable
+        assert generations(live) == 1  # the text/plain POST is still refused (415): JSON only

@@ -19,6 +19,7 @@ from draftwise.cli.common import (
 )
 from draftwise.errors import ConfigError
 from draftwise.loading import DEFAULT_SLOTS, load_engine
+from draftwise.server.access import Access
 from draftwise.server.serving import MAX_QUEUE
 from draftwise.types import SpeculationConfig
 
@@ -46,6 +47,24 @@ GRACEFUL_SHUTDOWN_S = 10
     default=None,
     help="The operator's bearer key for /metrics; with several --api-key tenants /metrics answers only "
     "this key (it counts every tenant's requests).",
+)
+@click.option(
+    "--allowed-origins",
+    "allowed_origins",
+    multiple=True,
+    metavar="ORIGIN[,ORIGIN]",
+    help="Web origins whose pages may call the API from a browser, besides the chat page's own: "
+    "https://app.example, chrome-extension://ID, http://localhost:* ('*' for any; repeatable). "
+    "Other pages get 403.",
+)
+@click.option(
+    "--allowed-hosts",
+    "allowed_hosts",
+    multiple=True,
+    metavar="NAME[,NAME]",
+    help="Host names to answer besides localhost, IP addresses and this machine's name (*.DOMAIN "
+    "for a domain, '*' for any; repeatable). Bound to loopback, other Hosts get 403 (DNS rebinding); "
+    "bound elsewhere, the Host is checked only when this is given.",
 )
 @click.option("--log-requests", is_flag=True, help="Let error logs quote request content (debugging; off by default).")
 @click.option("--model-name", default=None, help="Name clients use as `model` (default: the target's name).")
@@ -94,6 +113,8 @@ def serve(
     port,
     api_keys,
     metrics_key,
+    allowed_origins,
+    allowed_hosts,
     log_requests,
     model_name,
     datastore,
@@ -121,6 +142,7 @@ def serve(
     if on_ray:
         threads = threads or 1  # a replica runs as many threads as the CPUs it reserves
     options = replace(load_options(backend, n_ctx, threads, dtype, device), slots=parallel)
+    access = Access(bind_host=host, allowed_hosts=_listed(allowed_hosts), allowed_origins=_listed(allowed_origins))
     if not api_keys and host not in LOOPBACK:
         click.echo(f"warning: serving on {host} without --api-key; anyone who can reach it can use it", err=True)
     if on_ray:
@@ -132,6 +154,7 @@ def serve(
             model_name,
             api_keys,
             metrics_key,
+            access,
             log_requests,
             max_queue,
             datastore,
@@ -168,6 +191,7 @@ def serve(
         metrics_key=metrics_key,
         log_content=log_requests,
         max_queue=max_queue,
+        access=access,
     )
     if speculation.policy == "auto":  # the engine's cost model reads its curve now, not in a request
         _ = engine.target_time().curve
@@ -185,6 +209,7 @@ def _serve_on_ray(
     model_name,
     api_keys,
     metrics_key,
+    access,
     log_requests,
     max_queue,
     datastore,
@@ -213,6 +238,7 @@ def _serve_on_ray(
         model_name=model_name,
         api_keys=tuple(api_keys),
         metrics_key=metrics_key,
+        access=access,
         log_content=log_requests,
         max_queue=max_queue,
         datastore=datastore,
@@ -224,3 +250,8 @@ def _serve_on_ray(
         click.echo(f"serving on {url} with {shape} of {replica.num_slots} slot(s) each (Ctrl+C stops)", err=True)
 
     ray_serve.run(replica, scaling, address=address, host=host, port=port, ready=ready)
+
+
+def _listed(values: tuple[str, ...]) -> tuple[str, ...]:
+    """Repeated options that may each hold a comma-separated list: ("a,b", "c") -> ("a", "b", "c")."""
+    return tuple(item.strip() for value in values for item in value.split(",") if item.strip())

@@ -27,6 +27,7 @@ from draftwise.server import (
     responses_routes,
     tokenizer_routes,
 )
+from draftwise.server.access import Access, AccessGuard
 from draftwise.server.errors import BODY_TIMEOUT_S
 from draftwise.server.metrics import ServerMetrics
 from draftwise.server.serving import MAX_QUEUE, Serving
@@ -43,13 +44,15 @@ def create_app(
     log_content: bool = False,
     max_queue: int = MAX_QUEUE,
     body_timeout_s: float = BODY_TIMEOUT_S,
+    access: Access | None = None,
 ) -> FastAPI:
     """api_key / api_keys: bearer keys, one per tenant (a tenant never learns how much of its prompt
     another tenant's request left in the cache). metrics_key: the operator's key for /metrics, which
     counts every tenant's requests; without it, a server of several tenants keeps /metrics closed.
     log_content: let error logs quote requests. body_timeout_s: a request body must have arrived
-    this long after its headers (then 408). An engine whose target has several slots decodes that
-    many requests together; max_queue more may wait (then 503)."""
+    this long after its headers (then 408). access: the Hosts and web origins answered
+    (access.py; None: a loopback server's, and no page of another origin). An engine whose target
+    has several slots decodes that many requests together; max_queue more may wait (then 503)."""
     keys = tuple(dict.fromkeys([*([api_key] if api_key else []), *api_keys]))
     metrics = ServerMetrics()
     serving = Serving(engine, metrics, max_queue=max_queue)
@@ -78,7 +81,7 @@ def create_app(
     )
     app.state.server = state
     app.state.serving = serving
-    errors.install(
+    reply = errors.install(
         app,
         metrics,
         keys,
@@ -87,7 +90,8 @@ def create_app(
         body_timeout_s=body_timeout_s,
         public=page_routes.is_public,
     )
-    app.add_middleware(ollama_routes.OllamaErrors)  # added last: it wraps the Guard
+    app.add_middleware(AccessGuard, access=access or Access(), reply=reply)  # before the key: a preflight has none
+    app.add_middleware(ollama_routes.OllamaErrors)  # added last: it wraps both guards
     app.add_middleware(anthropic_routes.AnthropicErrors)  # so does this one
     app.include_router(openai_routes.router)
     app.include_router(tokenizer_routes.router)

@@ -151,11 +151,20 @@ class Guard:
         accept = headers.get(b"accept", b"").decode("latin-1")
         return scope["path"] == "/health" or self.public(scope["method"], scope["path"], accept)
 
+    def _operator(self, headers: dict, tenant: int | None) -> bool:
+        """Whether the request may see every tenant's activity (/metrics, /health's figures): it
+        holds the metrics key; or the server has none and at most one API key, and this holds it."""
+        if self.metrics_key:
+            return self._key_index(headers, (self.metrics_key,)) == 0
+        return not self.api_keys or (len(self.api_keys) == 1 and tenant == 0)
+
     def _refusal(self, scope, headers: dict) -> APIError | None:
         """Why the request is refused before the app sees it (API key, metrics key, size), if it is."""
         tenant = self._key_index(headers, self.api_keys) if self.api_keys else None
+        state = scope.setdefault("state", {})
         if self.api_keys:
-            scope.setdefault("state", {})["tenant"] = tenant
+            state["tenant"] = tenant
+        state["operator"] = self._operator(headers, tenant)
         if scope["path"] == "/metrics" and (self.metrics_key or len(self.api_keys) > 1):
             if self.metrics_key and self._key_index(headers, (self.metrics_key,)) == 0:
                 return None

@@ -166,11 +166,11 @@ async def pull(body: o.PullRequest, state: State):
 
 # ---------------------------------------------------------------------- errors in Ollama's shape
 class OllamaErrors:
-    """ASGI middleware for the /api/ paths: an error (answered by a route, the body checks or the
-    API-key guard, all in OpenAI's shape) is rewritten as Ollama's {"error": "message"}, status
-    unchanged; and a body is read as JSON whatever its Content-Type, as Ollama reads it (the
-    `curl -d` of Ollama's docs sends application/x-www-form-urlencoded). It wraps the Guard, so
-    create_app adds it after errors.install."""
+    """ASGI middleware for the /api/ paths: an error (answered by a route, the body checks, the
+    API-key guard or the access guard, all in OpenAI's shape) is rewritten as Ollama's
+    {"error": "message"}, status unchanged. It wraps the guards, so create_app adds it after them.
+    (The `curl -d` of Ollama's docs sends application/x-www-form-urlencoded: access.AccessGuard
+    reads such a body as JSON when no browser sent it.)"""
 
     def __init__(self, app) -> None:
         self.app = app
@@ -179,8 +179,6 @@ class OllamaErrors:
         if scope["type"] != "http" or not scope["path"].startswith("/api/"):
             await self.app(scope, receive, send)
             return
-        headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
-        scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
         await rewrite_errors(self.app, scope, receive, send, lambda status, body: (status, _ollama_error(body)))
 
 

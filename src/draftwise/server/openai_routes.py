@@ -21,7 +21,7 @@ from draftwise.server import protocol as p
 from draftwise.server.answers import ChatAnswer, CompletionAnswer
 from draftwise.server.errors import APIError, openai_refusal
 from draftwise.server.serving import Job
-from draftwise.server.state import State, Tenant
+from draftwise.server.state import Operator, State, Tenant
 from draftwise.server.streams import openai_reply
 from draftwise.server.tools import chat_tools
 
@@ -160,8 +160,16 @@ async def get_model(model_id: str, state: State) -> p.ModelCard:
     return p.ModelCard(id=state.model_name, created=state.created)
 
 
-@router.get("/health", response_model=p.Health)
-async def health(state: State) -> p.Health:
+@router.get(
+    "/health",
+    response_model=p.Health,
+    response_model_exclude_none=True,
+    description="Whether the server is up; its model, slots and queue too for the operator (on a "
+    "server without keys, everyone; else the holder of the metrics key, or of the one API key).",
+)
+async def health(state: State, operator: Operator) -> p.Health:
+    if not operator:  # the queue and the busy slots tell of other tenants' requests
+        return p.Health()
     serving = state.serving
     return p.Health(
         model=state.model_name,

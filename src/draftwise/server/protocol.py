@@ -306,9 +306,11 @@ class ErrorResponse(BaseModel):
 
 
 class Health(BaseModel):
+    """Only `status` unless the caller may see every tenant's activity (openai_routes.health)."""
+
     status: Literal["ok"] = "ok"
-    model: str
-    queue_length: int
-    running: bool
-    slots: int = 1  # requests decoded together (serve --parallel)
-    active: int = 0  # busy slots
+    model: str | None = None
+    queue_length: int | None = None
+    running: bool | None = None
+    slots: int | None = None  # requests decoded together (serve --parallel)
+    active: int | None = None  # busy slots

@@ -17,6 +17,7 @@ from typing import Any
 
 from draftwise import models
 from draftwise.loading import LoadOptions, backend_kind, default_slots
+from draftwise.server.access import Access
 from draftwise.server.serving import MAX_QUEUE
 from draftwise.types import ConfigError, SpeculationConfig
 
@@ -38,6 +39,7 @@ class ReplicaConfig:
     model_name: str | None = None  # default: the target's name
     api_keys: tuple[str, ...] = ()
     metrics_key: str | None = None
+    access: Access = Access()  # the Hosts and web origins answered (access.py)
     log_content: bool = False
     max_queue: int = MAX_QUEUE
     datastore: str | None = None
@@ -221,6 +223,7 @@ def _replica_class():
                 api_keys=config.api_keys,
                 metrics_key=config.metrics_key,
                 log_content=config.log_content,
+                access=config.access,
                 max_queue=config.max_queue,
             )
             app.add_middleware(ReplicaHeader, replica=self._replica_id)

@@ -64,5 +64,11 @@ def tenant(request: Request) -> int | None:
     return request.scope.get("state", {}).get("tenant")
 
 
+def operator(request: Request) -> bool:
+    """Whether the request may see every tenant's activity (the Guard decides, errors.py)."""
+    return bool(request.scope.get("state", {}).get("operator", False))
+
+
 State = Annotated[ServerState, Depends(server_state)]
 Tenant = Annotated[int | None, Depends(tenant)]
+Operator = Annotated[bool, Depends(operator)]
