@@ -89,3 +89,17 @@ def test_serve_answers_chat_with_speculation_and_reuses_both_caches(cli_server):
     assert spec["num_reused_tokens"] >= first.usage.prompt_tokens
     assert spec["num_draft_reused_tokens"] >= first.usage.prompt_tokens
     assert httpx.get(f"{cli_server}/v1/models").status_code == 401
+    # bound to loopback: a rebinding page's Host and another site's Origin are refused before the key
+    assert httpx.get(f"{cli_server}/v1/models", headers={"Host": "evil.example"}).status_code == 403
+    foreign = httpx.post(f"{cli_server}/v1/models", headers={"Origin": "https://evil.example"})
+    assert foreign.status_code == 403 and foreign.json()["error"]["code"] == "origin_not_allowed"
+
+
+def test_serve_refuses_an_allowed_origin_that_is_no_origin():
+    from click.testing import CliRunner
+
+    from draftwise.cli import main
+
+    result = CliRunner().invoke(main, ["serve", "--allowed-origins", "https://ok.example,localhost:3000"])
+    assert result.exit_code != 0
+    assert "allowed origin 'localhost:3000' is not an origin" in result.output
