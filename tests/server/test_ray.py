@@ -204,7 +204,11 @@ def test_api_key_is_enforced_through_ray(ray_url, single_url):
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).models.list()
     assert httpx.get(f"{ray_url}/v1/models").json() == httpx.get(f"{single_url}/v1/models").json()
-    assert httpx.get(f"{ray_url}/health").json()["slots"] == 2  # /health needs no key, as on the single server
+    # /health answers without a key, as on the single server, and tells the slots to the key's holder only
+    assert httpx.get(f"{ray_url}/health").json() == {"status": "ok"}
+    assert httpx.get(f"{ray_url}/health", headers={"Authorization": f"Bearer {API_KEY}"}).json()["slots"] == 2
+    # the Host and Origin checks hold through Ray's proxy too
+    assert httpx.get(f"{ray_url}/health", headers={"Host": "evil.example"}).status_code == 403
 
 
 def _long_stream(url: str):
