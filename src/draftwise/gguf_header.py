@@ -68,6 +68,7 @@ TENSOR_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 
 # Value types: fixed-size scalars by struct format; 8 is a string, 9 an array.
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
+_U64 = struct.Struct("<Q")
 # Arrays kept as values: the token list (texts), and small ones (the rest are skipped over).
 _KEPT_ARRAYS = ("tokenizer.ggml.tokens",)
 _SMALL_ARRAY = 64
@@ -136,6 +137,23 @@ class _Reader:
         self.pos += n
         return raw.decode("utf-8", errors="replace") if raw is not None else None
 
+    def strings(self, n: int, keep: bool) -> list[str] | SkippedArray:
+        """n strings, or past them (every length must be read to find the next key). One loop
+        of local names: a 150k-token vocabulary's texts and merges take ~0.1 s, not ~0.8 s."""
+        buf, pos, end, length_at = self.buf, self.pos, self.end, _U64.unpack_from
+        out: list[str] = []
+        for _ in range(n):
+            if pos + 8 > end:
+                self.pos = pos
+                self.need(8)  # raises: the array runs past the file's end
+            (length,) = length_at(buf, pos)
+            pos += 8 + length
+            if keep and pos <= end:
+                out.append(buf[pos - length : pos].decode("utf-8", errors="replace"))
+        self.need(pos - self.pos)  # past the end: truncated
+        self.pos = pos
+        return out if keep else SkippedArray(n)
+
     def value(self, kind: int, key: str):
         if kind in _SCALARS:
             return self.scalar(_SCALARS[kind])
@@ -152,11 +170,7 @@ class _Reader:
             self.pos += n * size
             return [v for (v,) in out] if out is not None else SkippedArray(n)
         if item == _STRING:
-            if keep:
-                return [self.string() for _ in range(n)]
-            for _ in range(n):  # every length must be read to find the next key
-                self.string(decode=False)
-            return SkippedArray(n)
+            return self.strings(n, keep)
         raise GGUFError(f"{self.path}: corrupt GGUF file (array of type {item} in {key!r})")
 
 

@@ -31,6 +31,7 @@ class ModelFacts:
     gguf_name: str  # general.name, else the file's name
     architecture: str  # general.architecture: the family as llama.cpp knows it (qwen2, gemma3, llama)
     num_params: int  # elements of every tensor
+    size_label: str | None  # general.size_label, as the model card says it ("1.5B": tied embeddings once)
     quantisation: str  # Q4_K_M, Q8_0, F16, ...
     size_bytes: int  # every part's file
     vocab_size: int | None
@@ -123,6 +124,7 @@ def facts_of(headers: Sequence[GGUFHeader]) -> ModelFacts:
         gguf_name=str(name) if name else first.path.name,
         architecture=arch,
         num_params=sum(t.num_elements for h in headers for t in h.tensors),
+        size_label=str(meta["general.size_label"]) if meta.get("general.size_label") else None,
         quantisation=_quantisation(meta, headers),
         size_bytes=sum(h.file_size for h in headers),
         vocab_size=vocab_size,

@@ -126,7 +126,8 @@ def test_every_store_is_listed_with_its_names_and_facts(env):
         "tiny-org/Base-Tiny-GGUF/split-tiny-00001-of-00002.gguf": "huggingface",
     }
     qwen = found["qwen-tiny:1b"].facts
-    assert (qwen.gguf_name, qwen.architecture, qwen.vocab_size, qwen.context_length) == ("Tiny Qwen", "qwen2", 268, 32768)
+    assert (qwen.gguf_name, qwen.architecture, qwen.size_label) == ("Tiny Qwen", "qwen2", None)
+    assert (qwen.vocab_size, qwen.context_length) == (268, 32768)
     assert (qwen.chat_template, qwen.tool_format, qwen.eot) == ("gguf", "hermes", "<|im_end|>")
     assert set(qwen.fim) >= {"prefix", "suffix", "middle", "file_sep"} and qwen.quantisation == "F32"
     gemma = found["someone/gemma-tiny:latest"].facts
@@ -293,3 +294,13 @@ def test_a_store_model_answers_through_the_server(env, target):
         assert reply.json()["usage"]["completion_tokens"] >= 1
     finally:
         engine.target.close()
+
+
+def test_every_cut_of_a_header_is_an_error_naming_the_file(tmp_path):
+    whole = write_tiny_gguf(tmp_path / "whole.gguf", special_tokens=GEMMA_TOKENS)
+    data = whole.read_bytes()
+    end = read_header(whole).data_offset
+    for cut in [*range(0, end, 97), end - 1]:
+        (tmp_path / "cut.gguf").write_bytes(data[:cut])
+        with pytest.raises(GGUFError, match="cut.gguf"):
+            read_header(tmp_path / "cut.gguf")

@@ -98,7 +98,7 @@ def _print_table(rows: list[dict], found) -> None:
             row["name"],
             row["store"],
             row["architecture"],
-            format_count(row["num_params"]),
+            row["size_label"] or format_count(row["num_params"]),
             row["quantisation"],
             format_bytes(row["size_bytes"]),
             str(row["vocab_size"] or "?"),
