@@ -10,7 +10,9 @@ A lazy constraint (tool calls) is a LazyGrammar: free text until a trigger, a Gr
 
 from __future__ import annotations
 
+import decimal
 import json
+import math
 import re
 import threading
 import time
@@ -29,12 +31,68 @@ from draftwise.types import Constraint as Constraint  # re-exported beside compi
 # tokens, which cost no decision. Applied over the schema's own "x-guidance" options.
 JSON_OVERRIDES = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
+# llguidance reads a schema's numeric bounds as 64-bit floats and builds its number patterns from
+# them: exact for an integer up to 2**53 in magnitude and for a fraction of at most 15
+# significant digits (a float's DBL_DIG), not beyond (an integer minimum of 10**20 became
+# 2**63 - 1, which was the answer; a maximum of 2**62 let 2**62 + 1 through, one of
+# 972121617984.1307 let 972121617984.1309 through). Such a bound is refused, not rounded.
+EXACT_INTEGER, EXACT_DIGITS = 2**53, 15
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_DATA = ("const", "enum", "default", "examples")  # values, not schemas: their numbers are matched as text
+
+
+def schema_fault(schema: Any) -> str | None:
+    """Why a JSON schema cannot be enforced exactly, else None: a numeric bound beyond what
+    llguidance enforces exactly, named by its place.
+    Example: {"properties": {"n": {"minimum": 10**20}}} -> "properties.n.minimum is 100000000000000000000, ..."."""
+    stack: list[tuple[str, Any, bool]] = [("", schema, False)]  # (place, node, node maps names to schemas)
+    while stack:
+        place, node, is_map = stack.pop()
+        if isinstance(node, list):
+            stack.extend((f"{place}{i}.", item, False) for i, item in reversed(list(enumerate(node))))
+            continue
+        if not isinstance(node, dict):
+            continue
+        for key in () if is_map else _BOUNDS:
+            why = _inexact(node.get(key))
+            if why is not None:
+                text = str(node[key])
+                shown = text if len(text) <= 24 else f"{text[:12]}... ({len(text)} characters)"
+                return f"{place}{key} is {shown}: {why}"
+        for key, value in reversed(list(node.items())):
+            if not is_map and key in _DATA:
+                continue
+            stack.append((f"{place}{key}.", value, not is_map and key in _SCHEMA_MAPS))
+    return None
+
+
+def _inexact(bound: Any) -> str | None:
+    """Why a numeric bound is not enforced exactly, else None (and None for what is no number)."""
+    if not isinstance(bound, (int, float)) or isinstance(bound, bool):
+        return None
+    if isinstance(bound, float) and not math.isfinite(bound):
+        return "not a finite number"
+    engine = "the grammar engine reads bounds as 64-bit floats"
+    if abs(bound) > EXACT_INTEGER:
+        return f"beyond +-2**53 ({EXACT_INTEGER}), where bounds are no longer enforced exactly ({engine})"
+    if isinstance(bound, float) and not bound.is_integer():
+        digits = len(decimal.Decimal(repr(bound)).normalize().as_tuple().digits)
+    else:
+        digits = 0
+    if digits > EXACT_DIGITS:
+        return f"{digits} significant digits, more than the {EXACT_DIGITS} enforced exactly in a fraction ({engine})"
+    return None
+
 
 def grammar_definition(constraint: Constraint) -> str:
     """The llguidance grammar definition of a constraint (not yet checked against a vocabulary)."""
     import llguidance
 
     kind = constraint.kind
+    fault = schema_fault(constraint.schema) if kind == "json_schema" else None
+    if fault is not None:
+        raise ConstraintError(f"invalid json schema: {fault}")
     try:
         if kind in ("json_schema", "json_object"):
             schema = json.dumps(constraint.schema)

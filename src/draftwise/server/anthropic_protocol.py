@@ -2,8 +2,9 @@
 requests, their content blocks, tools and tool_choice, as anthropic's API reference defines them.
 
 A block is one model with every block type's fields, its `type` checked where the prompt is
-built (anthropic_translate), so a refusal names the block. Unknown fields are ignored, as
-clients (Claude Code) send fields of newer API versions; `cache_control` on blocks is one.
+built (anthropic_translate), so a refusal names the block. Values are strict (`max_tokens: true`
+is a 400, as Anthropic answers it); unknown fields are ignored, as clients (Claude Code) send
+fields of newer API versions; `cache_control` on blocks is one.
 `speculation` is the draftwise extension of the OpenAI routes.
 """
 
@@ -13,11 +14,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from draftwise.server.fields import WireModel
 from draftwise.server.protocol import SpeculationOptions
 
 
-class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class _Request(WireModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
 
 
 class Block(_Request):
@@ -46,7 +48,7 @@ class Tool(_Request):
 
     name: str
     description: str | None = None
-    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+    input_schema: dict[str, Any] | None = Field(None, description="Required of a client tool (server tools have none).")
     strict: bool | None = None  # the input follows the schema exactly (OpenAI's function.strict)
     type: str | None = None
 
@@ -77,7 +79,7 @@ class OutputConfig(_Request):
 
 class CountTokensRequest(_Request):
     model: str
-    messages: list[Message]
+    messages: list[Message] = Field(min_length=1)
     system: str | list[Block] | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None

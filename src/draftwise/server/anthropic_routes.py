@@ -44,12 +44,14 @@ async def messages(body: m.MessagesRequest, request: Request, state: State, tena
         job = Job(f"msg_{uuid.uuid4().hex[:24]}", "messages", prepared.prompt_ids, tenant=tenant)
         await asyncio.to_thread(state.serving.submit, job, prepared.sampling, prepared.speculation, prepared.drafters)
     except Exception as exc:
-        error = openai_refusal(exc, param="messages", constraint_param="tools")
+        error = openai_refusal(exc, param="messages", constraint_param=t.constraint_param(tools))
         if error is None:
             raise
         raise error from None
     answer = a.MessagesAnswer(job, state.model_name, engine.tokenizer, tools, prepared.sampling.stop)
-    return await messages_reply(job, request, answer, stream=body.stream, metrics=state.metrics)
+    return await messages_reply(
+        job, request, answer, stream=body.stream, metrics=state.metrics, constraint_param=t.constraint_param(tools)
+    )
 
 
 @router.post("/v1/messages/count_tokens", response_model=m.TokenCount, tags=["anthropic"], responses=_ERRORS)

@@ -10,13 +10,14 @@ Anthropic's error.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from draftwise.constraints import Constraint, llguidance_tokenizer
 from draftwise.engine import Engine
 from draftwise.server.anthropic_protocol import Block, CountTokensRequest, MessagesRequest
 from draftwise.server.errors import APIError
-from draftwise.server.tools import ChatTools
+from draftwise.server.tools import ChatTools, enforceable
 from draftwise.server.translate import EngineRequest, speculation
 from draftwise.tools import parse_tool_choice, parse_tools, template_messages, tool_plan
 from draftwise.tools.spec import ToolSpecError
@@ -68,7 +69,7 @@ def chat_messages(body: CountTokensRequest) -> list[dict[str, Any]]:
         for j, block in enumerate(blocks):
             kind = block.type
             if kind == "text":
-                texts.append(block.text or "")
+                texts.append(_block_text(block, f"{where}.{j}"))
             elif kind == "tool_use" and message.role == "assistant":
                 if not block.id or not block.name:
                     raise APIError(
@@ -104,7 +105,14 @@ def _text(content: str | list[Block], where: str) -> str:
     for j, block in enumerate(content):
         if block.type != "text":
             raise _refused_block(block.type, None, f"{where}.{j}")
-    return "".join(block.text or "" for block in content)
+    return "".join(_block_text(block, f"{where}.{j}") for block in content)
+
+
+def _block_text(block: Block, where: str) -> str:
+    """A text block's text, which Anthropic requires."""
+    if block.text is None:
+        raise APIError(400, "Field required", param=f"{where}.text", code="invalid_value")
+    return block.text
 
 
 def _refused_block(kind: str, role: str | None, where: str) -> APIError:
@@ -134,27 +142,39 @@ def chat_tools(body: CountTokensRequest, tokenizer, messages: list[dict]) -> tup
                     "give client tools (name, description, input_schema)",
                     f"tools.{i}.type",
                 )
-        tools = parse_tools(
-            [
-                {
-                    "type": "function",
-                    "function": {
-                        "name": t.name,
-                        "description": t.description or "",
-                        "parameters": t.input_schema,
-                        **({"strict": t.strict} if t.strict is not None else {}),
-                    },
-                }
-                for t in body.tools
-            ]
+            if tool.input_schema is None:
+                raise ToolSpecError("Field required", f"tools.{i}.input_schema")
+        tools = enforceable(
+            parse_tools(
+                [
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": t.name,
+                            "description": t.description or "",
+                            "parameters": t.input_schema,
+                            **({"strict": t.strict} if t.strict is not None else {}),
+                        },
+                    }
+                    for t in body.tools
+                ]
+            )
         )
         parallel = not (choice and choice.disable_parallel_tool_use)
         plan = tool_plan(tokenizer, tools, parse_tool_choice(_openai_choice(choice), tools), parallel)
     except ToolSpecError as exc:
-        param = exc.param.replace("tool_choice.function.name", "tool_choice.name")
-        message = str(exc) if param in str(exc) else f"{param}: {exc}"
+        param, message = _anthropic_names(exc.param), _anthropic_names(str(exc))
+        message = message if param in message else f"{param}: {message}"
         raise APIError(400, message, param=param, code="invalid_value") from None
     return ChatTools(plan, [t.as_openai() for t in tools]), messages
+
+
+def _anthropic_names(text: str) -> str:
+    """The OpenAI field names of draftwise.tools' errors as the Messages request's. Example:
+    "tools[1].function.parameters" -> "tools.1.input_schema"; "tool_choice.function.name" -> "tool_choice.name"."""
+    text = re.sub(r"tools\[(\d+)\]\.function\.parameters", r"tools.\1.input_schema", text)
+    text = re.sub(r"tools\[(\d+)\](\.function)?", r"tools.\1", text)
+    return text.replace("tool_choice.function.name", "tool_choice.name")
 
 
 def _openai_choice(choice) -> Any:
@@ -202,6 +222,11 @@ def messages_request(
     )
     config, drafters = speculation(body.speculation, engine.speculation)
     return EngineRequest(ids, sampling, config, drafters)
+
+
+def constraint_param(tools: ChatTools | None) -> str:
+    """The field the request's constraint came from: its tools, else output_config.format."""
+    return "tools" if tools else "output_config.format"
 
 
 def _output_constraint(body: MessagesRequest) -> Constraint | None:

@@ -303,7 +303,10 @@ def install(
         if first["type"] == "json_invalid":
             detail = first.get("ctx", {}).get("error", first["msg"])
             return reply(APIError(400, f"the body is not valid JSON: {detail}", code="invalid_json"))
-        param = ".".join(str(part) for part in first["loc"] if part != "body" and not _is_type_tag(part)) or None
+        parts = [str(part) for part in first["loc"] if part != "body" and not _is_type_tag(part)]
+        # fields.WireModel names the place inside a free-form field ("options" -> "options.num_predict")
+        parts += [str(part) for part in first.get("ctx", {}).get("within", ())]
+        param = ".".join(parts) or None
         message = _explain(first, param)
         # 400, as OpenAI and vLLM answer a malformed request (clients map 422 to another error class).
         return reply(APIError(400, f"{param or 'body'}: {message}", param=param, code="invalid_value"))

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from draftwise.server import protocol as p
+from draftwise.server.fields import WireModel
 
 # llama.cpp's sampling defaults (common/common.h) and its default sampler chain.
 DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, DEFAULT_MIN_P = 0.8, 40, 0.95, 0.05
@@ -26,13 +27,13 @@ KNOWN_SAMPLERS = frozenset({*DEFAULT_SAMPLERS, "infill", "top_n_sigma", "adaptiv
 MAX_COMPLETIONS = 16  # n_cmpl's bound (llama.cpp's is its slot count; more queue here)
 
 
-class InfillChunk(BaseModel):
+class InfillChunk(WireModel):
     model_config = ConfigDict(strict=True, extra="ignore")
     text: str
     filename: str = "tmp"
 
 
-class InfillRequest(BaseModel):
+class InfillRequest(WireModel):
     """llama.cpp's /infill body. Unknown fields are ignored; fields that would change the answer
     and are not supported here are refused by `unsupported()`."""
 

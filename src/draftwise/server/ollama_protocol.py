@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from draftwise.server.fields import WireModel
 from draftwise.server.protocol import SpeculationOptions
 
 
@@ -26,7 +27,7 @@ def tagged(name: str) -> str:
     return name if ":" in name.rsplit("/", 1)[-1] else f"{name}:latest"
 
 
-class _Request(BaseModel):
+class _Request(WireModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
 

@@ -52,6 +52,7 @@ async def submit(
     engine = state.engine
     options = t.parse_options(body.options, engine.target.n_ctx)
     param = "messages" if isinstance(body, o.ChatRequest) else "prompt"
+    constraint_param = t.constraint_param(body)
     try:
         prepared = await asyncio.to_thread(t.ollama_request, engine, body, encode, options, constraint)
         job = Job(f"ollama-{uuid.uuid4().hex[:24]}", endpoint, prepared.prompt_ids, tenant=tenant)
@@ -59,7 +60,7 @@ async def submit(
             state.serving.submit, job, prepared.sampling, prepared.speculation, prepared.drafters
         )
     except Exception as exc:
-        error = openai_refusal(exc, param=param, constraint_param="format")
+        error = openai_refusal(exc, param=param, constraint_param=constraint_param)
         if error is None:
             raise
         raise error from None
@@ -95,7 +96,9 @@ async def chat(body: o.ChatRequest, request: Request, state: State, tenant: Tena
         tools.plan.constraint if tools else constraint,
     )
     answer = a.ChatAnswer(body.model, engine.tokenizer, started, tools)
-    return await ollama_reply(job, request, answer, stream=body.streamed, metrics=state.metrics)
+    return await ollama_reply(
+        job, request, answer, stream=body.streamed, metrics=state.metrics, constraint_param=t.constraint_param(body)
+    )
 
 
 @router.post("/api/generate", tags=["ollama"], responses={200: _STREAM_RESPONSE, **_ERRORS})

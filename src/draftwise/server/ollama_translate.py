@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -19,8 +20,9 @@ from draftwise.constraints import Constraint, llguidance_tokenizer
 from draftwise.engine import Engine
 from draftwise.fim import FimUnsupportedError, fim_prompt
 from draftwise.server.errors import APIError
+from draftwise.server.fields import FINITE_RULE, INT64_RULE, int64
 from draftwise.server.ollama_protocol import ChatRequest, GenerateRequest, Message, base_name, tagged
-from draftwise.server.tools import ChatTools
+from draftwise.server.tools import ChatTools, enforceable
 from draftwise.server.translate import EngineRequest, speculation
 from draftwise.tools import ToolChoice, parse_tools, template_messages, tool_plan
 from draftwise.tools.spec import ToolSpecError
@@ -91,6 +93,9 @@ _KINDS = {
 # Samplers draftwise does not apply, with the value that leaves them off (older Ollama releases
 # and llama.cpp took them; any other value would change the answer, so it is refused).
 _NEUTRAL = {"typical_p": 1.0, "tfs_z": 1.0, "mirostat": 0}
+# The float options with a range (Ollama's samplers clamp these; a value outside is refused
+# here, as the answer would not be what the client asked for): (low, high), both included.
+_RANGES = {"temperature": (0.0, math.inf), "top_p": (0.0, 1.0), "min_p": (0.0, 1.0)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,8 +119,9 @@ class Options:
 
 def parse_options(raw: dict[str, Any] | None, n_ctx: int) -> Options:
     """`options` -> Options: unknown names are ignored (as Ollama does), a value of the wrong type is
-    a 400 in Ollama's words, and so is a sampler draftwise does not apply set to anything but off,
-    and a num_ctx above the server's window.
+    a 400 in Ollama's words, and so is a number that is not finite, an integer beyond 64 bits, a
+    temperature below 0 or a top_p or min_p outside [0, 1], a sampler draftwise does not apply set
+    to anything but off, and a num_ctx above the server's window.
 
     Example: ({"temperature": 0, "num_predict": 8.0, "numa": True}, 4096) -> Options(num_predict=8, temperature=0.0).
     """
@@ -125,6 +131,15 @@ def parse_options(raw: dict[str, Any] | None, n_ctx: int) -> Options:
         if kind is None or value is None:
             continue
         values[key] = _typed(key, value, kind)
+    for name, (low, high) in _RANGES.items():
+        if name in values and not low <= values[name] <= high:
+            within = f"at least {low:g}" if high == math.inf else f"between {low:g} and {high:g}"
+            raise APIError(
+                400,
+                f"must be {within}, got {values[name]:g}",
+                param=f"options.{name}",
+                code="invalid_value",
+            )
     for name, neutral in _NEUTRAL.items():
         if name in values and values[name] != neutral:
             raise APIError(
@@ -163,9 +178,14 @@ def parse_options(raw: dict[str, Any] | None, n_ctx: int) -> Options:
 
 
 def _typed(key: str, value: Any, kind: str) -> Any:
-    """One option's value as Options.FromMap takes it (a JSON number for an integer: truncated)."""
+    """One option's value as Options.FromMap takes it (a JSON number for an integer: truncated),
+    finite, and an integer within 64 bits (Go's int)."""
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise APIError(400, FINITE_RULE, param=f"options.{key}", code="invalid_value")
     if kind == _INT and number:
+        if not int64(int(value)):
+            raise APIError(400, INT64_RULE, param=f"options.{key}", code="invalid_value")
         return int(value)
     if kind == _FLOAT and number:
         return float(value)
@@ -181,8 +201,8 @@ def _typed(key: str, value: Any, kind: str) -> Any:
 def sampling(
     options: Options, max_tokens: int, constraint: Constraint | None = None, logprobs: int | None = None
 ) -> SamplingParams:
-    """Options as SamplingParams, each sampler off where Ollama's is (top_k <= 0, top_p outside
-    (0, 1), min_p <= 0 or > 1, repeat_penalty <= 0); temperature <= 0 is greedy, a negative seed random.
+    """Options as SamplingParams, each sampler off where Ollama's is (top_k <= 0, top_p 0 or 1,
+    min_p 0 or 1, repeat_penalty <= 0); temperature 0 is greedy, a negative seed random.
 
     NOTE: presence and frequency penalties count the answer's tokens (OpenAI's definition, as on
     /v1/chat/completions); Ollama's runners count the last repeat_last_n tokens for them too."""
@@ -230,6 +250,11 @@ def format_constraint(fmt: str | dict | None) -> Constraint | None:
     raise APIError(
         400, f'format must be "json" or a JSON schema (an object), got {fmt!r}', param="format", code="invalid_value"
     )
+
+
+def constraint_param(body: ChatRequest | GenerateRequest) -> str:
+    """The field a request's constraint came from: its tools, else its format."""
+    return "tools" if isinstance(body, ChatRequest) and body.tools else "format"
 
 
 def logprobs_asked(body: ChatRequest | GenerateRequest) -> int | None:
@@ -346,10 +371,11 @@ def chat_tools(
             return None, messages
         if constrained:
             raise ToolSpecError("give tools or format, not both", "format")
-        parsed = parse_tools(tools)
+        parsed = enforceable(parse_tools(tools))
         plan = tool_plan(tokenizer, parsed, ToolChoice("auto"), True)
     except ToolSpecError as exc:
-        raise APIError(400, f"{exc.param}: {exc}", param=exc.param, code="invalid_value") from None
+        message = str(exc) if exc.param in str(exc) else f"{exc.param}: {exc}"
+        raise APIError(400, message, param=exc.param, code="invalid_value") from None
     return ChatTools(plan, [t.as_openai() for t in parsed]), messages
 
 

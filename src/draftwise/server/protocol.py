@@ -14,10 +14,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from draftwise.server.fields import WireModel
+
 StopString = Annotated[str, Field(min_length=1)]
 
 
-class _Request(BaseModel):
+class _Request(WireModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
 

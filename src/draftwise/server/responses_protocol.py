@@ -15,12 +15,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from draftwise.server.fields import WireModel
 from draftwise.server.protocol import SpeculationOptions
 
 STORED_PER_KEY = 256  # stored responses kept per API key (the oldest go first)
 
 
-class _Request(BaseModel):
+class _Request(WireModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
 

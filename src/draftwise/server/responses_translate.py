@@ -215,6 +215,7 @@ def in_responses_terms() -> Iterator[None]:
         exc.message = exc.message.replace("response_format", "text.format").replace(
             "max_completion_tokens", "max_output_tokens"
         )
+        exc.message = re.sub(r"(tools\[\d+\])\.function\.", r"\1.", exc.message)
         exc.args = (exc.message,)
         raise
 

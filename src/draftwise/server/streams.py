@@ -126,12 +126,19 @@ def ndjson_response(lines: AsyncIterator[str]) -> StreamingResponse:
 
 
 async def ollama_reply(
-    job: Job, request: Request, answer: ollama_answers.OllamaAnswer, *, stream: bool, metrics: ServerMetrics
+    job: Job,
+    request: Request,
+    answer: ollama_answers.OllamaAnswer,
+    *,
+    stream: bool,
+    metrics: ServerMetrics,
+    constraint_param: str = "format",
 ):
     """The answer as one JSON object, or its chunks as NDJSON lines; a failure after the stream
-    began is an {"error": ...} line, which Ollama's clients raise as their ResponseError."""
+    began is an {"error": ...} line, which Ollama's clients raise as their ResponseError.
+    constraint_param: the field a constraint that fails while decoding came from (format, tools)."""
     if not stream:
-        return JSONResponse(answer.whole(await collect(job, request, "format")))
+        return JSONResponse(answer.whole(await collect(job, request, constraint_param)))
 
     async def lines() -> AsyncIterator[str]:
         async for event in job_events(job, request):
@@ -141,7 +148,7 @@ async def ollama_reply(
                 chunks = answer.last(event)
             else:
                 error = (
-                    answers.failure(event, "format")
+                    answers.failure(event, constraint_param)
                     if isinstance(event, JobFailed)
                     else APIError(503, "the generation was cancelled (server shutting down)", type="server_error")
                 )
@@ -154,12 +161,19 @@ async def ollama_reply(
 
 
 async def messages_reply(
-    job: Job, request: Request, answer: anthropic_answers.MessagesAnswer, *, stream: bool, metrics: ServerMetrics
+    job: Job,
+    request: Request,
+    answer: anthropic_answers.MessagesAnswer,
+    *,
+    stream: bool,
+    metrics: ServerMetrics,
+    constraint_param: str = "tools",
 ):
     """The answer as one message, or as Anthropic's events; a failure after the stream began is
-    an `error` event, which Anthropic's clients raise as their APIStatusError."""
+    an `error` event, which Anthropic's clients raise as their APIStatusError.
+    constraint_param: the field a constraint that fails while decoding came from (tools, output_config.format)."""
     if not stream:
-        return JSONResponse(answer.whole(await collect(job, request, "tools")))
+        return JSONResponse(answer.whole(await collect(job, request, constraint_param)))
 
     async def events() -> AsyncIterator[str]:
         yield answer.opening()
@@ -170,7 +184,7 @@ async def messages_reply(
                 yield answer.last(event)
             else:
                 error = (
-                    answers.failure(event, "tools")
+                    answers.failure(event, constraint_param)
                     if isinstance(event, JobFailed)
                     else APIError(503, "the generation was cancelled (server shutting down)", type="server_error")
                 )

@@ -10,15 +10,16 @@ from __future__ import annotations
 import asyncio
 
 from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from draftwise.server.errors import APIError
+from draftwise.server.fields import WireModel
 from draftwise.server.state import State
 
 router = APIRouter()
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(WireModel):
     """llama.cpp's fields; vLLM's (`prompt`, `add_special_tokens`, as lm-eval's remote tokenizer sends) too."""
 
     model_config = ConfigDict(strict=True, extra="ignore")
@@ -30,7 +31,7 @@ class TokenizeRequest(BaseModel):
     with_pieces: bool = False
 
 
-class DetokenizeRequest(BaseModel):
+class DetokenizeRequest(WireModel):
     model_config = ConfigDict(strict=True, extra="ignore")
     tokens: list[int] = Field(default_factory=list)
 

@@ -4,12 +4,22 @@ streamed delta.tool_calls (id and name first, then fragments of the arguments)."
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from draftwise.constraints import schema_fault
 from draftwise.server.errors import APIError
-from draftwise.tools import Parsed, StreamEvent, ToolPlan, parse_tool_choice, parse_tools, template_messages, tool_plan
+from draftwise.tools import (
+    Parsed,
+    StreamEvent,
+    Tool,
+    ToolPlan,
+    parse_tool_choice,
+    parse_tools,
+    template_messages,
+    tool_plan,
+)
 from draftwise.tools.formats.base import JsonCallsParser
 from draftwise.tools.spec import ToolSpecError
 
@@ -50,13 +60,24 @@ def chat_tools(body, tokenizer, messages: list[dict]) -> tuple[ChatTools | None,
             return None, messages
         if body.response_format is not None and body.response_format.type != "text":
             raise ToolSpecError("give tools or response_format, not both", "response_format")
-        tools = parse_tools(body.tools)
+        tools = enforceable(parse_tools(body.tools))
         choice = parse_tool_choice(body.tool_choice, tools)
         parallel = True if body.parallel_tool_calls is None else body.parallel_tool_calls
         plan = tool_plan(tokenizer, tools, choice, parallel)
     except ToolSpecError as exc:
         raise APIError(400, str(exc), param=exc.param, code="invalid_value") from None
     return ChatTools(plan, [t.as_openai() for t in tools]), messages
+
+
+def enforceable(tools: Sequence[Tool]) -> Sequence[Tool]:
+    """tools, once each one's parameters are a schema the grammar enforces exactly (the calls'
+    arguments always follow it); else a ToolSpecError naming the first that is not."""
+    for i, tool in enumerate(tools):
+        fault = schema_fault(tool.parameters)
+        if fault is not None:
+            where = f"tools[{i}].function.parameters"
+            raise ToolSpecError(f"{where}: invalid json schema: {fault}", where)
+    return tools
 
 
 def message_fields(message) -> dict[str, Any]:

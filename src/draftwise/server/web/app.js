@@ -207,6 +207,7 @@ async function send(event) {
     chat.abort = null;
     form.querySelector("button[type=submit]").disabled = false;
     $("#stop").disabled = true;
+    poll(); // the panel counts this answer now, not at the next tick
   }
 }
 
@@ -243,7 +244,8 @@ async function poll() {
         slots: `${m.draftwise_requests_running} / ${m.draftwise_slots}`,
         queue: m.draftwise_queue_length,
         rows: m.draftwise_last_batch_rows,
-        tps: fixed(m.draftwise_tokens_per_second, 1),
+        // nothing generated yet: no rate to show (the gauge reads 0 then)
+        tps: m.draftwise_generated_tokens_total > 0 ? fixed(m.draftwise_tokens_per_second, 1) : "–",
       },
       "",
     );
