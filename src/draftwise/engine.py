@@ -89,6 +89,13 @@ class Engine:
     def tokenizer(self):
         return self.target.tokenizer
 
+    def close(self) -> None:
+        """Free the target's and the draft models' memory (the engine serves nothing after)."""
+        for drafter in self.drafters:
+            if drafter.backend is not None:
+                drafter.backend.close()
+        self.target.close()
+
     def encode_prompt(
         self, prompt: str | None = None, messages: Sequence[dict] | None = None, tools: Sequence[dict] | None = None
     ) -> list[int]:

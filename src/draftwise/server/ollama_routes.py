@@ -25,9 +25,10 @@ from draftwise.models import REGISTRY
 from draftwise.server import ollama_answers as a
 from draftwise.server import ollama_protocol as o
 from draftwise.server import ollama_translate as t
+from draftwise.server import pool_answers
 from draftwise.server.errors import APIError, openai_refusal, rewrite_errors
 from draftwise.server.serving import Job
-from draftwise.server.state import State, Tenant
+from draftwise.server.state import Pool, State, Tenant, server_state
 from draftwise.server.streams import ndjson_response, ollama_reply
 
 _ERRORS = {status: {"model": o.ErrorResponse} for status in (400, 401, 404, 413, 500, 503)}
@@ -123,13 +124,17 @@ async def generate(body: o.GenerateRequest, request: Request, state: State, tena
 
 
 @router.get("/api/tags", tags=["ollama"], responses=_ERRORS)
-async def tags(state: State) -> dict:
-    return {"models": [a.listed(state).model_dump()]}
+async def tags(request: Request, pool: Pool) -> dict:
+    if pool is not None:
+        return pool_answers.ollama_tags(pool, pool.created)
+    return {"models": [a.listed(server_state(request)).model_dump()]}
 
 
 @router.get("/api/ps", tags=["ollama"], responses=_ERRORS)
-async def ps(state: State) -> dict:
-    return {"models": [a.running(state).model_dump()]}
+async def ps(request: Request, pool: Pool) -> dict:
+    if pool is not None:
+        return pool_answers.ollama_ps(pool)
+    return {"models": [a.running(server_state(request)).model_dump()]}
 
 
 @router.post("/api/show", response_model=o.ShowResponse, tags=["ollama"], responses=_ERRORS)

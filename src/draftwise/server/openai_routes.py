@@ -16,12 +16,12 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from draftwise.server import choices, translate
+from draftwise.server import choices, pool_answers, translate
 from draftwise.server import protocol as p
 from draftwise.server.answers import ChatAnswer, CompletionAnswer
 from draftwise.server.errors import APIError, openai_refusal
 from draftwise.server.serving import Job
-from draftwise.server.state import Operator, State, Tenant
+from draftwise.server.state import Operator, Pool, State, Tenant, server_state
 from draftwise.server.streams import openai_reply
 from draftwise.server.tools import chat_tools
 
@@ -149,15 +149,19 @@ async def completions(body: p.CompletionRequest, request: Request, state: State,
 
 
 @router.get("/v1/models", response_model=p.ModelList, tags=["openai"], responses=ERROR_STATUSES)
-async def list_models(state: State) -> p.ModelList:
+async def list_models(request: Request, pool: Pool) -> p.ModelList:
+    if pool is not None:
+        return pool_answers.model_cards(pool, pool.created)
+    state = server_state(request)
     return p.ModelList(data=[p.ModelCard(id=state.model_name, created=state.created)])
 
 
 @router.get("/v1/models/{model_id:path}", response_model=p.ModelCard, tags=["openai"], responses=ERROR_STATUSES)
-async def get_model(model_id: str, state: State) -> p.ModelCard:
-    if model_id != state.model_name:
+async def get_model(model_id: str, request: Request, pool: Pool) -> p.ModelCard:
+    served = [s.name for s in pool.sources] if pool is not None else [server_state(request).model_name]
+    if model_id not in served:
         raise APIError(404, f"the model {model_id!r} does not exist", param="model", code="model_not_found")
-    return p.ModelCard(id=state.model_name, created=state.created)
+    return p.ModelCard(id=model_id, created=pool.created if pool is not None else server_state(request).created)
 
 
 @router.get(
@@ -167,9 +171,12 @@ async def get_model(model_id: str, state: State) -> p.ModelCard:
     description="Whether the server is up; its model, slots and queue too for the operator (on a "
     "server without keys, everyone; else the holder of the metrics key, or of the one API key).",
 )
-async def health(state: State, operator: Operator) -> p.Health:
+async def health(request: Request, operator: Operator, pool: Pool) -> p.Health:
     if not operator:  # the queue and the busy slots tell of other tenants' requests
         return p.Health()
+    if pool is not None:
+        return pool_answers.health(pool)
+    state = server_state(request)
     serving = state.serving
     return p.Health(
         model=state.model_name,
@@ -187,5 +194,7 @@ async def health(state: State, operator: Operator) -> p.Health:
     description="Prometheus text format, every tenant's requests together: with several API keys "
     "it answers the metrics key only.",
 )
-async def prometheus(state: State) -> Response:
-    return Response(state.metrics.render(), headers={"Content-Type": state.metrics.content_type})
+async def prometheus(request: Request, pool: Pool) -> Response:
+    metrics = request.app.state.metrics
+    body = pool_answers.render_metrics(metrics, pool) if pool is not None else metrics.render()
+    return Response(body, headers={"Content-Type": metrics.content_type})

@@ -316,3 +316,4 @@ class Health(BaseModel):
     running: bool | None = None
     slots: int | None = None  # requests decoded together (serve --parallel)
     active: int | None = None  # busy slots
+    models: list[str] | None = None  # a server of several models: the loaded ones

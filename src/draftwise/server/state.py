@@ -55,8 +55,16 @@ class ServerState:
         self.metrics.observe_error(error.status, error.type)
 
 
+# The scope key under which a server of several models (model_router.py) puts the request's model.
+STATE_KEY = "draftwise.state"
+
+
 def server_state(request: Request) -> ServerState:
-    return request.app.state.server
+    """The request's model: the one the ModelRouter holds for it, else the app's only one."""
+    state = request.scope.get(STATE_KEY) or request.app.state.server
+    if state is None:  # a route of a server of several models that the router let through unheld
+        raise APIError(500, f"{request.url.path} has no model to answer from", type="server_error")
+    return state
 
 
 def tenant(request: Request) -> int | None:
@@ -72,3 +80,11 @@ def operator(request: Request) -> bool:
 State = Annotated[ServerState, Depends(server_state)]
 Tenant = Annotated[int | None, Depends(tenant)]
 Operator = Annotated[bool, Depends(operator)]
+
+
+def model_pool(request: Request):
+    """A server of several models' ModelPool (pool.py); None for a server of one."""
+    return request.app.state.pool
+
+
+Pool = Annotated[object, Depends(model_pool)]
