@@ -77,7 +77,7 @@ class Engine:
         self.drafters = list(drafters)
         for drafter in self.drafters:
             draft_backend = drafter.backend
-            if draft_backend is not None:
+            if draft_backend is not None and not drafter.own_vocabulary:
                 check_tokenizers(target, draft_backend)
         self.speculation = speculation or SpeculationConfig()
         # Drafters the loader left out, and why (a draft model that cannot pay on this machine).

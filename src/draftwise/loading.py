@@ -21,10 +21,11 @@ from draftwise.calibrate import CostCurve
 from draftwise.drafters import ModelDrafter, NgramDrafter
 from draftwise.drafters.base import Drafter
 from draftwise.drafters.calls import CallsDrafter
+from draftwise.drafters.crossvocab import PROMPT_MODES, CrossVocabDrafter, VocabMap, shared_vocabulary
 from draftwise.drafters.grammar import GrammarDrafter
 from draftwise.drafters.prediction import PredictionDrafter
 from draftwise.drafters.suffix import SuffixDrafter
-from draftwise.engine import Engine, check_tokenizers
+from draftwise.engine import Engine, TokenizerMismatchError, check_tokenizers
 from draftwise.policy.auto import DRAFT_MODEL_PRIOR, MIN_GAIN, draft_speedup
 from draftwise.policy.cost import MAX_K
 from draftwise.types import ConfigError, SpeculationConfig
@@ -46,6 +47,7 @@ class LoadOptions:
     ngram_max: int = 4
     n_seq_max: int = 1  # llama.cpp sequences for token-tree verification (target only)
     slots: int = 1  # requests decoded together (continuous batching); 0: the backend's default
+    draft_prompt: str = "template"  # a draft of another vocabulary: crossvocab.PROMPT_MODES
     chat_template: str | None = None  # llama.cpp: a built-in template's name or a Jinja file (the GGUF's own: None)
     models_dirs: tuple[str, ...] = ()  # folders of GGUF files to find models in, beside the stores
 
@@ -64,6 +66,8 @@ class LoadOptions:
             raise ConfigError(f"parallel slots must be >= 1 (or 0 for the machine's default), got {self.slots}")
         if self.slots > 1 and self.n_seq_max > 1:
             raise ConfigError("token trees (--branches > 1) and parallel slots cannot be combined")
+        if self.draft_prompt not in PROMPT_MODES:
+            raise ConfigError(f"draft_prompt must be one of {', '.join(PROMPT_MODES)}, got {self.draft_prompt!r}")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ConfigError(f"ngram sizes need 1 <= min <= max, got {self.ngram_min}..{self.ngram_max}")
 
@@ -227,6 +231,33 @@ def draft_model_verdict(
     )
 
 
+def draft_vocabulary(target: Backend, draft: Backend) -> VocabMap | None:
+    """None where the draft model shares the target's tokenizer; else the vocabulary both share,
+    which a CrossVocabDrafter drafts in. Raises TokenizerMismatchError (naming both models) where
+    they share too little of it (crossvocab.MIN_SHARED)."""
+    try:
+        check_tokenizers(target, draft)
+        return None
+    except TokenizerMismatchError:
+        pass
+    try:
+        return shared_vocabulary(target.tokenizer, target.vocab_size, draft.tokenizer, draft.vocab_size)
+    except TokenizerMismatchError as exc:
+        raise TokenizerMismatchError(
+            f"draft model {draft.name!r} cannot draft for target {target.name!r}: {exc}"
+        ) from exc
+
+
+def model_drafter(target: Backend, draft: Backend, vocab: VocabMap | None, options: LoadOptions = LoadOptions()):
+    """The drafter "draft" over a draft model: a ModelDrafter where it shares the target's
+    tokenizer (vocab None), else a CrossVocabDrafter in their shared vocabulary."""
+    if vocab is None:
+        return ModelDrafter(draft, name="draft")
+    return CrossVocabDrafter(
+        draft, target.tokenizer, target.vocab_size, name="draft", prompt_mode=options.draft_prompt, vocab=vocab
+    )
+
+
 def datastore_drafter(path: str):
     from draftwise.drafters.datastore import DatastoreDrafter
 
@@ -270,6 +301,7 @@ def load(
     target_backend = load_backend(target, options, progress)
     # In the order named: a free drafter, or (None, a draft model's backend) until its verdict.
     entries: list[tuple[Drafter | None, Backend | None]] = []
+    vocab: VocabMap | None = None  # the draft model's shared vocabulary, where it has its own
     try:
         if on_target is not None:
             on_target(target_backend)
@@ -284,7 +316,7 @@ def load(
                 name, draft_options or replace(options, n_seq_max=1, slots=num_slots(target_backend)), progress
             )
             entries.append((None, draft_backend))
-            check_tokenizers(target_backend, draft_backend)  # before any calibration of a useless draft
+            vocab = draft_vocabulary(target_backend, draft_backend)  # before any calibration of a useless draft
         model_backends = [b for _, b in entries if b is not None]
         draft_models = {"draft": model_backends[0]} if model_backends else {}
         calibration = Calibration()
@@ -301,7 +333,7 @@ def load(
                 backend.close()
                 skipped["draft"] = reason
             else:
-                drafters.append(ModelDrafter(backend, name="draft"))
+                drafters.append(model_drafter(target_backend, backend, vocab, options))
         if datastore:
             drafters.append(datastore_drafter(datastore))
         engine = Engine(target_backend, drafters, speculation=speculation, skipped_drafters=skipped)

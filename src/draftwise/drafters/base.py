@@ -41,6 +41,9 @@ class Drafter(Protocol):
     free: bool
     #: A draft model's backend (its tokenizer is checked against the target's); None: no model.
     backend: Backend | None
+    #: True for a draft model of another vocabulary that maps its proposals to target ids
+    #: (drafters/crossvocab.py): its backend's tokenizer is not checked against the target's.
+    own_vocabulary: bool
     #: Cached draft positions reused from the previous request at this request's first proposal.
     num_reused_tokens: int
     #: Drafting stops where the next token's confidence falls below this (0: never); the auto
@@ -101,6 +104,7 @@ class BaseDrafter:
     parallel slots, no token trees, and no state across requests."""
 
     backend: Backend | None = None
+    own_vocabulary: bool = False
     num_reused_tokens: int = 0
     min_confidence: float = 0.0
 
