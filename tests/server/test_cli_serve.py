@@ -103,3 +103,45 @@ def test_serve_refuses_an_allowed_origin_that_is_no_origin():
     result = CliRunner().invoke(main, ["serve", "--allowed-origins", "https://ok.example,localhost:3000"])
     assert result.exit_code != 0
     assert "allowed origin 'localhost:3000' is not an origin" in result.output
+
+
+def test_serve_models_switches_between_the_models_of_a_folder(tiny_gguf_dir, tmp_path):
+    """`serve --models DIR`: every GGUF of the folder listed, each loaded when first named, each
+    answer the one the model gives served alone (draft.gguf and target.gguf differ)."""
+    import ollama
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "draftwise.cli", "serve", "--target", str(tiny_gguf_dir / "target.gguf")]
+    cmd += ["--models", str(tiny_gguf_dir), "--draft", "ngram", "--policy", "fixed", "--n-ctx", "256"]
+    cmd += ["--threads", "1", "--parallel", "1", "--port", str(port), "--keep-alive", "-1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail(f"draftwise serve --models did not start:\n{proc.stdout.read()}")
+            time.sleep(0.1)
+        c = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=60)
+        names = [m.id for m in c.models.list()]
+        assert names[0] == "target.gguf" and {"draft.gguf", "twin.gguf"} <= set(names)
+        assert ollama.Client(host=url).ps().models == []  # nothing loaded until asked for
+        answers = {}
+        for name in ["target.gguf", "draft.gguf", "target.gguf"]:
+            reply = c.completions.create(model=name, prompt="def add(a, b):", max_tokens=12, temperature=0)
+            answers.setdefault(name, set()).add(reply.choices[0].text)
+        assert all(len(texts) == 1 for texts in answers.values())  # the same answer after a switch
+        assert answers["target.gguf"] != answers["draft.gguf"]
+        assert {m.model for m in ollama.Client(host=url).ps().models} == {"target.gguf:latest", "draft.gguf:latest"}
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()

@@ -66,6 +66,30 @@ GRACEFUL_SHUTDOWN_S = 10
     "for a domain, '*' for any; repeatable). Bound to loopback, other Hosts get 403 (DNS rebinding); "
     "bound elsewhere, the Host is checked only when this is given.",
 )
+@click.option(
+    "--models",
+    "served_models",
+    default=None,
+    metavar="all|NAME,...|DIR",
+    help="Serve several models, --target first (the default for a request that names none): 'all' the "
+    "stores hold (draftwise models lists them), names, or a folder of GGUF files. Each loads when a "
+    "request first names it.",
+)
+@click.option(
+    "--keep-alive",
+    default="5m",
+    show_default=True,
+    help="--models: how long a model stays loaded after its last request (Ollama's durations: 30s, 5m, "
+    "1h; 0 unloads at once, -1 keeps it); a request's own keep_alive wins.",
+)
+@click.option(
+    "--max-memory",
+    type=click.FloatRange(min=0.1),
+    default=None,
+    metavar="GIB",
+    help="--models: the memory the loaded models may hold together, in GiB (default: what is available at "
+    "start); the least recently used idle model is unloaded to fit the next.",
+)
 @click.option("--log-requests", is_flag=True, help="Let error logs quote request content (debugging; off by default).")
 @click.option("--model-name", default=None, help="Name clients use as `model` (default: the target's name).")
 @click.option("--datastore", default=None, help=DATASTORE_HELP)
@@ -115,6 +139,9 @@ def serve(
     metrics_key,
     allowed_origins,
     allowed_hosts,
+    served_models,
+    keep_alive,
+    max_memory,
     log_requests,
     model_name,
     datastore,
@@ -134,11 +161,12 @@ def serve(
     """Serve the OpenAI API (/v1/chat/completions, /v1/completions, /v1/responses: see docs/responses.md,
     /v1/models, /health, /metrics) and Ollama's (/api/chat, /api/generate, /api/tags, /api/show: see
     docs/ollama.md)."""
-    import logging
 
     speculation = SpeculationConfig(policy=policy, max_draft_tokens=k)
     if not on_ray and (replicas or autoscale or address):
         raise click.UsageError("--replicas, --autoscale and --address need --ray")
+    if on_ray and served_models is not None:
+        raise click.UsageError("--models serves several models from one process; with --ray run one `serve --ray` each")
     if on_ray:
         threads = threads or 1  # a replica runs as many threads as the CPUs it reserves
     options = replace(load_options(backend, n_ctx, threads, dtype, device), slots=parallel)
@@ -168,10 +196,29 @@ def serve(
 
     import uvicorn
 
-    from draftwise.server import create_app
     from draftwise.server.errors import uvicorn_options
 
-    # Under the auto policy the models are calibrated here (first run only), before any request.
+    guards = dict(api_keys=api_keys, metrics_key=metrics_key, log_content=log_requests, access=access)
+    if served_models is not None:
+        if model_name is not None:
+            raise click.UsageError("--model-name names the one model of a server; with --models each keeps its own")
+        app = _pool_app(
+            served_models, target, draft, options, speculation, datastore, keep_alive, max_memory, max_queue, guards
+        )
+    else:
+        app = _one_model_app(target, draft, options, speculation, datastore, model_name, max_queue, guards)
+    # uvicorn_options: its HTTP protocol with a deadline for request headers, and JSON 400s.
+    uvicorn.run(
+        app, host=host, port=port, log_level="info", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, **uvicorn_options()
+    )
+
+
+def _one_model_app(target, draft, options, speculation, datastore, model_name, max_queue, guards):
+    """The app of one model, loaded (and calibrated, first run only) before any request."""
+    import logging
+
+    from draftwise.server import create_app
+
     with download_progress() as report, calibration_progress() as calibrating:
         engine = load_engine(
             target,
@@ -184,21 +231,10 @@ def serve(
         )
     say_skipped(engine)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")
-    app = create_app(
-        engine,
-        model_name or engine.target.name,
-        api_keys=api_keys,
-        metrics_key=metrics_key,
-        log_content=log_requests,
-        max_queue=max_queue,
-        access=access,
-    )
+    app = create_app(engine, model_name or engine.target.name, max_queue=max_queue, **guards)
     if speculation.policy == "auto":  # the engine's cost model reads its curve now, not in a request
         _ = engine.target_time().curve
-    # uvicorn_options: its HTTP protocol with a deadline for request headers, and JSON 400s.
-    uvicorn.run(
-        app, host=host, port=port, log_level="info", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, **uvicorn_options()
-    )
+    return app
 
 
 def _serve_on_ray(
@@ -255,3 +291,35 @@ def _serve_on_ray(
 def _listed(values: tuple[str, ...]) -> tuple[str, ...]:
     """Repeated options that may each hold a comma-separated list: ("a,b", "c") -> ("a", "b", "c")."""
     return tuple(item.strip() for value in values for item in value.split(",") if item.strip())
+
+
+def _pool_app(spec, target, draft, options, speculation, datastore, keep_alive, max_memory, max_queue, guards):
+    """serve --models: the app of several models, each loaded (and calibrated, first run only)
+    when a request first names it; says which it serves."""
+    import logging
+
+    from draftwise.model_facts import available_memory
+    from draftwise.server import catalog
+    from draftwise.server.app import create_pool_app
+    from draftwise.server.model_router import keep_alive_seconds
+    from draftwise.server.pool import GIB
+
+    keep_alive_s = keep_alive_seconds(keep_alive)
+    if keep_alive_s is None:
+        raise ConfigError(f"--keep-alive takes a duration such as 30s, 5m, 1h, 0 or -1, got {keep_alive!r}")
+    served = catalog.chosen(spec, target, options.models_dirs)
+
+    def load(name: str):
+        engine = load_engine(name, draft, options=options, speculation=speculation, datastore=datastore)
+        if speculation.policy == "auto":  # the cost model reads its curve now, not in a request
+            _ = engine.target_time().curve
+        return engine
+
+    slots = options.slots or DEFAULT_SLOTS
+    sources = catalog.sources(served, load, n_ctx=options.n_ctx, num_slots=slots)
+    budget = int(max_memory * GIB) if max_memory else available_memory()
+    names = ", ".join(s.name for s in sources)
+    room = f"{budget / GIB:.1f} GiB" if budget else "no memory limit"
+    click.echo(f"serving {len(sources)} model(s), loaded as asked for, within {room}: {names}", err=True)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")
+    return create_pool_app(sources, budget_bytes=budget, keep_alive_s=keep_alive_s, max_queue=max_queue, **guards)
