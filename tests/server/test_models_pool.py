@@ -255,3 +255,11 @@ def test_metrics_and_health_name_each_loaded_model(pooled):
     assert 'draftwise_generated_tokens_total{served_model="coder"} 2.0' in metrics
     health = httpx.get(f"{pooled.url}/health").json()
     assert health["models"] == ["coder"] and health["model"] == "coder"
+
+
+def test_show_tells_of_a_model_without_loading_it(pooled):
+    ol = ollama.Client(host=pooled.url)
+    shown = ol.show("chat:7b")
+    assert shown.details.family == "toy" and pooled.loads.count == {}
+    with pytest.raises(ollama.ResponseError, match="not found; this server serves coder:latest, chat:7b"):
+        ol.show("nope")

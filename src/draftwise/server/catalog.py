@@ -75,11 +75,14 @@ def _details(served: Served) -> dict:
     facts = served.facts
     if facts is None:
         return {"format": "gguf"}
+    capabilities = ["completion"] + (["tools"] if facts.tool_format else []) + (["insert"] if facts.fim else [])
     return {
         "format": "gguf",
         "family": facts.architecture,
         "parameter_size": facts.size_label or f"{facts.num_params / 1e9:.1f}B",
         "quantization_level": facts.quantisation,
+        "context_length": facts.context_length or 0,
+        "capabilities": capabilities,
     }
 
 

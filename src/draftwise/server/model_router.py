@@ -90,6 +90,18 @@ class ModelRouter:
             complete = not message.get("more_body", False)
         name, keep_alive_s = _requested(scope["path"], body)
         served = self.pool.resolve(name)
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        if scope["path"] == "/api/show":  # told from the model's file, never loaded for it
+            await self.app(scope, replay, send)
+            return
         if served is None:
             served_names = ", ".join(s.name for s in self.pool.sources)
             await self._reply(
@@ -103,15 +115,6 @@ class ModelRouter:
                 send,
             )
             return
-        replayed = False
-
-        async def replay():
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
         try:
             async with self.pool.use(served, keep_alive_s) as state:
                 await self.app({**scope, STATE_KEY: state}, replay, send)

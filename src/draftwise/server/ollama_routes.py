@@ -138,7 +138,17 @@ async def ps(request: Request, pool: Pool) -> dict:
 
 
 @router.post("/api/show", response_model=o.ShowResponse, tags=["ollama"], responses=_ERRORS)
-async def show(body: o.ShowRequest, state: State) -> o.ShowResponse:
+async def show(body: o.ShowRequest, request: Request, pool: Pool) -> o.ShowResponse:
+    if pool is not None:  # a server of several models: told without loading the model
+        served = pool.resolve(body.model or body.name)
+        if served is None:
+            names = ", ".join(o.tagged(s.name) for s in pool.sources)
+            raise APIError(
+                404, f"model '{body.model or body.name}' not found; this server serves {names}", param="model"
+            )
+        state = pool.state_of(served)
+        return a.show(state) if state is not None else pool_answers.ollama_show(pool, served)
+    state = server_state(request)
     t.check_model(body.model or body.name, state.model_name)
     return a.show(state)
 

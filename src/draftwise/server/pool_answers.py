@@ -122,3 +122,23 @@ class _Merged:
 
 def render_metrics(own: ServerMetrics, pool: ModelPool) -> bytes:
     return generate_latest(_Merged(own, pool))
+
+
+def ollama_show(pool: ModelPool, name: str) -> o.ShowResponse:
+    """/api/show of a model not loaded: what its source says (its GGUF header's facts)."""
+    source = next(s for s in pool.sources if s.name == name)
+    d = source.details
+    n_ctx = int(d.get("context_length") or 0)
+    return o.ShowResponse(
+        modelfile=f"# draftwise serves this model; it has no Modelfile\nFROM {o.tagged(name)}\n",
+        parameters=f"num_ctx {n_ctx}" if n_ctx else "",
+        template="",
+        details=_details(source),
+        model_info={
+            "general.architecture": str(d.get("family", "")),
+            "general.name": name,
+            **({f"{d['family']}.context_length": n_ctx} if d.get("family") and n_ctx else {}),
+        },
+        capabilities=list(d.get("capabilities", ("completion",))),
+        modified_at=timestamp(pool.created),
+    )
