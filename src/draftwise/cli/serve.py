@@ -165,8 +165,8 @@ def serve(
     speculation = SpeculationConfig(policy=policy, max_draft_tokens=k)
     if not on_ray and (replicas or autoscale or address):
         raise click.UsageError("--replicas, --autoscale and --address need --ray")
-    if on_ray and served_models is not None:
-        raise click.UsageError("--models serves several models from one process; with --ray run one `serve --ray` each")
+    if served_models is not None and model_name is not None:
+        raise click.UsageError("--model-name names the one model of a server; with --models each keeps its own")
     if on_ray:
         threads = threads or 1  # a replica runs as many threads as the CPUs it reserves
     options = replace(load_options(backend, n_ctx, threads, dtype, device), slots=parallel)
@@ -183,6 +183,7 @@ def serve(
             api_keys,
             metrics_key,
             access,
+            _pool_config(served_models, keep_alive, max_memory),
             log_requests,
             max_queue,
             datastore,
@@ -200,8 +201,6 @@ def serve(
 
     guards = dict(api_keys=api_keys, metrics_key=metrics_key, log_content=log_requests, access=access)
     if served_models is not None:
-        if model_name is not None:
-            raise click.UsageError("--model-name names the one model of a server; with --models each keeps its own")
         app = _pool_app(
             served_models, target, draft, options, speculation, datastore, keep_alive, max_memory, max_queue, guards
         )
@@ -246,6 +245,7 @@ def _serve_on_ray(
     api_keys,
     metrics_key,
     access,
+    pool,
     log_requests,
     max_queue,
     datastore,
@@ -255,7 +255,8 @@ def _serve_on_ray(
     host,
     port,
 ) -> None:
-    """serve --ray: the same app as Ray Serve replicas; each replica loads (and pulls) its models itself."""
+    """serve --ray: the same app as Ray Serve replicas; each replica loads (and pulls) its models
+    itself (with --models, every replica serves every model, each loaded when first asked for)."""
     from draftwise.server import ray_serve
 
     if replicas and autoscale:
@@ -278,6 +279,7 @@ def _serve_on_ray(
         log_content=log_requests,
         max_queue=max_queue,
         datastore=datastore,
+        pool=pool,
     )
     scaling = ray_serve.Scaling(replicas=replicas or 1, autoscale=bounds)
     shape = f"{bounds[0]}..{bounds[1]} replicas" if bounds else f"{scaling.replicas} replica(s)"
@@ -301,12 +303,9 @@ def _pool_app(spec, target, draft, options, speculation, datastore, keep_alive, 
     from draftwise.model_facts import available_memory
     from draftwise.server import catalog
     from draftwise.server.app import create_pool_app
-    from draftwise.server.model_router import keep_alive_seconds
     from draftwise.server.pool import GIB
 
-    keep_alive_s = keep_alive_seconds(keep_alive)
-    if keep_alive_s is None:
-        raise ConfigError(f"--keep-alive takes a duration such as 30s, 5m, 1h, 0 or -1, got {keep_alive!r}")
+    keep_alive_s = _keep_alive(keep_alive)
     served = catalog.chosen(spec, target, options.models_dirs)
 
     def load(name: str):
@@ -323,3 +322,22 @@ def _pool_app(spec, target, draft, options, speculation, datastore, keep_alive, 
     click.echo(f"serving {len(sources)} model(s), loaded as asked for, within {room}: {names}", err=True)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")
     return create_pool_app(sources, budget_bytes=budget, keep_alive_s=keep_alive_s, max_queue=max_queue, **guards)
+
+
+def _keep_alive(value: str) -> float:
+    from draftwise.server.model_router import keep_alive_seconds
+
+    seconds = keep_alive_seconds(value)
+    if seconds is None:
+        raise ConfigError(f"--keep-alive takes a duration such as 30s, 5m, 1h, 0 or -1, got {value!r}")
+    return seconds
+
+
+def _pool_config(spec, keep_alive, max_memory):
+    """serve --models --ray: what each replica serves (None without --models)."""
+    from draftwise.server.pool import GIB
+    from draftwise.server.ray_serve import PoolConfig
+
+    if spec is None:
+        return None
+    return PoolConfig(spec, _keep_alive(keep_alive), int(max_memory * GIB) if max_memory else None)

@@ -29,6 +29,16 @@ logger = logging.getLogger("draftwise.server")
 
 
 @dataclass(frozen=True)
+class PoolConfig:
+    """serve --models on Ray: every replica serves every model, each loaded when a request first
+    names it there (catalog.py, pool.py)."""
+
+    models: str  # all | NAME,... | DIR, resolved on each replica's node
+    keep_alive_s: float
+    budget_bytes: int | None = None
+
+
+@dataclass(frozen=True)
 class ReplicaConfig:
     """What one replica loads and serves: the arguments of `draftwise serve`, all picklable."""
 
@@ -43,6 +53,7 @@ class ReplicaConfig:
     log_content: bool = False
     max_queue: int = MAX_QUEUE
     datastore: str | None = None
+    pool: PoolConfig | None = None  # several models, loaded as asked for (target first)
 
     @property
     def num_slots(self) -> int:
@@ -210,13 +221,18 @@ def _replica_class():
             _log_to_stderr()
             # Off the replica's event loop: loading may first pull the models into this node's cache.
             self._config = config
-            self._engine = await asyncio.to_thread(_load, config)
+            # several models: each loads when first asked for, not here
+            self._engine = None if config.pool else await asyncio.to_thread(_load, config)
             self._replica_id = serve.get_replica_context().replica_id.unique_id
 
         def __serve_build_asgi_app__(self):
             from draftwise.server import create_app
 
             config, engine = self._config, self._engine
+            if config.pool is not None:
+                app = _pool_app(config)
+                app.add_middleware(ReplicaHeader, replica=self._replica_id)
+                return app
             app = create_app(
                 engine,
                 config.model_name or engine.target.name,
@@ -253,6 +269,33 @@ class _PullLog:
         if self.tenths.get(name) != tenth:
             self.tenths[name] = tenth
             logger.info("%s: %d%% of %.0f MB", message, 10 * tenth, total / 1e6)
+
+
+def _pool_app(config: ReplicaConfig):
+    """A replica's app of several models (serve --models --ray): the single server's pool app."""
+    from dataclasses import replace
+
+    from draftwise.server import catalog
+    from draftwise.server.app import create_pool_app
+
+    pool = config.pool
+    served = catalog.chosen(pool.models, config.target, config.options.models_dirs)
+    sources = catalog.sources(
+        served,
+        lambda name: _load(replace(config, target=name)),
+        n_ctx=config.options.n_ctx,
+        num_slots=config.num_slots,
+    )
+    return create_pool_app(
+        sources,
+        budget_bytes=pool.budget_bytes,
+        keep_alive_s=pool.keep_alive_s,
+        api_keys=config.api_keys,
+        metrics_key=config.metrics_key,
+        log_content=config.log_content,
+        max_queue=config.max_queue,
+        access=config.access,
+    )
 
 
 def _load(config: ReplicaConfig):
