@@ -249,3 +249,27 @@ def test_a_page_of_another_origin_cannot_drive_the_server(browser, elsewhere):
         wait.until(lambda d: d.title.startswith(("read:", "blocked:")))
         assert browser.title.startswith("read:")  # preflight answered, the answer readable
         assert generations(live) == 1  # the text/plain POST is still refused (415): JSON only
+
+
+def test_the_model_picker_chooses_the_model_that_answers(browser):
+    """serve --models: the page lists the server's models; the one picked answers (loaded then)."""
+    from draftwise.server.app import create_pool_app
+    from draftwise.server.pool import ModelSource
+
+    sources = [ModelSource("first", scripted_engine), ModelSource("second", scripted_engine)]
+    with LiveServer(None, app=create_pool_app(sources)) as live:
+        browser.get(f"{live.url}/")
+        wait = WebDriverWait(browser, 20)
+        wait.until(lambda d: d.find_element(By.ID, "model").text == "first")
+        picker = browser.find_element(By.ID, "model-picker")
+        assert picker.is_displayed()
+        assert [o.text for o in picker.find_elements(By.TAG_NAME, "option")] == ["first", "second"]
+        picker.find_element(By.CSS_SELECTOR, "option[value=second]").click()
+        wait.until(lambda d: d.find_element(By.ID, "model").text == "second")
+        browser.find_element(By.CSS_SELECTOR, "textarea[name=prompt]").send_keys(PROMPT, Keys.ENTER)
+        answer = wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "[data-role=assistant][data-stats]"))
+        assert browser.execute_script("return arguments[0].querySelector('.text').textContent", answer) == ANSWER
+        pool = live.app.state.pool
+        assert [m.name for m in pool.loaded()] == ["second"]  # the first was never asked for
+        # the panel reads the picked model's series
+        wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "#live [data-metric=slots]").text == "0 / 1")

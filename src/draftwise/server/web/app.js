@@ -38,8 +38,19 @@ async function loadModel() {
     $("#model").textContent = response.status === 401 ? "needs an API key" : await errorText(response);
     return;
   }
-  chat.model = (await response.json()).data[0].id;
+  const ids = (await response.json()).data.map((card) => card.id);
+  if (!ids.includes(chat.model)) chat.model = ids[0];
   $("#model").textContent = chat.model;
+  // a server of several models (serve --models): pick one; it loads when first asked for
+  const picker = $("#model-picker");
+  picker.hidden = ids.length < 2;
+  picker.replaceChildren(...ids.map((id) => new Option(id, id, false, id === chat.model)));
+}
+
+function pickModel() {
+  chat.model = $("#model-picker").value;
+  $("#model").textContent = chat.model;
+  poll();
 }
 
 function numberField(body, id, parse) {
@@ -212,11 +223,13 @@ async function send(event) {
 }
 
 // Prometheus text: the samples without labels, by name.
-function parseMetrics(text) {
+// The unlabelled series, and on a server of several models the chosen model's (served_model label).
+function parseMetrics(text, model) {
   const values = {};
   for (const line of text.split("\n")) {
-    const match = /^([a-zA-Z_:][\w:]*) (\S+)$/.exec(line);
-    if (match) values[match[1]] = Number(match[2]);
+    const match = /^([a-zA-Z_:][\w:]*)(?:\{([^}]*)\})? (\S+)$/.exec(line);
+    if (!match || (match[2] && match[2] !== `served_model="${model}"`)) continue;
+    values[match[1]] = Number(match[3]);
   }
   return values;
 }
@@ -238,7 +251,7 @@ async function poll() {
       showLive(blank, await errorText(response));
       return;
     }
-    const m = parseMetrics(await response.text());
+    const m = parseMetrics(await response.text(), chat.model);
     showLive(
       {
         slots: `${m.draftwise_requests_running} / ${m.draftwise_slots}`,
@@ -271,6 +284,7 @@ function start() {
     }
   });
   $("#stop").addEventListener("click", () => chat.abort && chat.abort.abort());
+  $("#model-picker").addEventListener("change", pickModel);
   $("#new-chat").addEventListener("click", () => {
     chat.history = [];
     $("#messages").replaceChildren();
