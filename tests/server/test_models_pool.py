@@ -263,3 +263,51 @@ def test_show_tells_of_a_model_without_loading_it(pooled):
     assert shown.details.family == "toy" and pooled.loads.count == {}
     with pytest.raises(ollama.ResponseError, match="not found; this server serves coder:latest, chat:7b"):
         ol.show("nope")
+
+
+# ---------------------------------------------------------------------- llama.cpp models of a folder
+def test_gguf_models_of_a_folder_answer_as_each_does_alone(tiny_gguf_dir, tmp_path):
+    """Tiny GGUFs (two models, and a truncated file) served together: the answers switching back
+    and forth through the openai and ollama clients are each model's own, served alone; the
+    truncated file fails its requests by name and the others go on."""
+    pytest.importorskip("llama_cpp")
+    import shutil
+
+    from draftwise.loading import LoadOptions, load_engine
+    from draftwise.server import catalog
+
+    folder = tmp_path / "models"
+    folder.mkdir()
+    for name in ("target.gguf", "draft.gguf"):
+        shutil.copy(tiny_gguf_dir / name, folder / name)
+    (folder / "broken.gguf").write_bytes((tiny_gguf_dir / "draft.gguf").read_bytes()[:5000])
+    options = LoadOptions(n_ctx=256, threads=1, slots=1)
+    speculation = SpeculationConfig(policy="fixed", max_draft_tokens=3)
+
+    def load(spec: str) -> Engine:
+        return load_engine(spec, "ngram", options=options, speculation=speculation)
+
+    served = catalog.chosen(str(folder), str(folder / "target.gguf"))
+    assert [s.name for s in served][0] == "target.gguf" and len(served) == 3
+    prompt = "def add(a, b):"
+    expected = {}
+    for name in ("target.gguf", "draft.gguf"):
+        engine = load(str(folder / name))
+        with LiveServer(engine, app=create_app(engine, name)) as live:
+            body = {"model": name, "prompt": prompt, "max_tokens": 10, "temperature": 0}
+            expected[name] = httpx.post(f"{live.url}/v1/completions", json=body, timeout=60).json()["choices"][0][
+                "text"
+            ]
+    assert expected["target.gguf"] != expected["draft.gguf"]
+    app = create_pool_app(catalog.sources(served, load, n_ctx=256, num_slots=1))
+    with LiveServer(None, app=app) as live:
+        client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="none", max_retries=0)
+        ol = ollama.Client(host=live.url)
+        for name in ("target.gguf", "draft.gguf", "target.gguf", "draft.gguf"):
+            text = client.completions.create(model=name, prompt=prompt, max_tokens=10, temperature=0).choices[0].text
+            assert text == expected[name]
+            raw = ol.generate(model=name, prompt=prompt, raw=True, options={"num_predict": 10, "temperature": 0})
+            assert raw.response == expected[name]
+        with pytest.raises(ollama.ResponseError, match="broken.gguf"):
+            ol.generate(model="broken.gguf", prompt=prompt)
+        assert client.completions.create(model="target.gguf", prompt=prompt, max_tokens=2).choices[0].text

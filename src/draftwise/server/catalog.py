@@ -25,6 +25,7 @@ class Served:
     name: str
     path: Path
     facts: ModelFacts | None = None
+    problem: str | None = None  # why it cannot load (a truncated file, a missing blob): its requests fail with it
 
 
 def _facts(path: Path) -> ModelFacts | None:
@@ -41,14 +42,14 @@ def chosen(spec: str, default: str, extra_dirs: Sequence[str | Path] = ()) -> li
     out: list[Served] = []
     seen: set[Path] = set()
 
-    def add(name: str, path: Path, facts: ModelFacts | None = None) -> None:
+    def add(name: str, path: Path, facts: ModelFacts | None = None, problem: str | None = None) -> None:
         key = path.resolve() if path.exists() else path
         if key in seen:
             return
         seen.add(key)
         if any(s.name == name for s in out):
             raise ConfigError(f"two models would be served as {name!r}: {path} and another; serve one of them")
-        out.append(Served(name, path, facts))
+        out.append(Served(name, path, facts, problem))
 
     for name in [default, *(() if spec in ("all",) or Path(spec).is_dir() else spec.split(","))]:
         name = name.strip()
@@ -66,8 +67,7 @@ def chosen(spec: str, default: str, extra_dirs: Sequence[str | Path] = ()) -> li
             else stores.StoreRoots((("folder", Path(spec)),))
         )
         for found in stores.discover(roots).models:
-            if found.problem is None:
-                add(found.name, found.path, found.facts)
+            add(found.name, found.path, found.facts, found.problem)
     return out
 
 
@@ -103,10 +103,17 @@ def sources(
         out.append(
             ModelSource(
                 name=s.name,
-                load=lambda spec=spec: load(spec),
+                load=(lambda spec=spec: load(spec)) if s.problem is None else _refuse(s.problem),
                 memory_bytes=memory,
                 size_bytes=size,
                 details=_details(s),
             )
         )
     return out
+
+
+def _refuse(problem: str) -> Callable[[], Engine]:
+    def load() -> Engine:
+        raise ModelError(problem)
+
+    return load
