@@ -296,6 +296,9 @@ def error_shape_problem(path: str, body: bytes) -> str | None:
     return None if ok else f"not {kind}'s error shape: {body[:300]!r}"
 
 
+_FAILED = b"generation failed: "  # the message of a job's unexpected failure (answers.failure)
+
+
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
@@ -307,13 +310,16 @@ def strict_json(text: bytes | str) -> Any:
 
 def answer_problem(path: str, status: int, content_type: str, body: bytes) -> str | None:
     """Why an answer is wrong, or None: a 5xx; a 4xx not in the protocol's error shape; a 2xx
-    that is not strict JSON (a JSON object, each server-sent event's data, each NDJSON line)."""
+    that is not strict JSON (a JSON object, each server-sent event's data, each NDJSON line) or
+    that carries a 5xx inside its stream (answers.failure's "generation failed")."""
     if status >= 500:
         return f"{status}: {body[:300]!r}"
     if status >= 400:
         return error_shape_problem(path, body)
     if not body:
         return f"{status} with an empty body"
+    if _FAILED in body:
+        return f"{status} whose stream ends in a server error: {body[max(0, body.index(_FAILED) - 100) :][:400]!r}"
     if "text/event-stream" in content_type:
         texts = [line[5:].strip() for line in body.decode().splitlines() if line.startswith("data:")]
         texts = [t for t in texts if t != "[DONE]"]

@@ -117,6 +117,32 @@ def test_every_route_is_in_the_openapi_document_with_its_request_body():
     assert {"GET /api/tags", "GET /v1/models", "DELETE /v1/responses/{response_id}"} <= checked
 
 
+# ---------------------------------------------------------------------- the judge
+@pytest.mark.parametrize(
+    ("path", "status", "content_type", "body"),
+    [
+        ("/v1/completions", 500, "application/json", b'{"error": {"message": "x", "type": "server_error"}}'),
+        ("/api/chat", 400, "application/json", b'{"error": {"message": "x", "type": "invalid_request_error"}}'),
+        ("/v1/messages", 400, "application/json", b'{"error": {"message": "x", "type": "invalid_request_error"}}'),
+        ("/infill", 400, "application/json", b'{"error": "x"}'),
+        ("/infill", 200, "text/event-stream", b'data: {"temperature": Infinity}\n\n'),
+        ("/api/generate", 200, "application/x-ndjson", b'{"response": "a"}\n{"response": NaN}\n'),
+        ("/v1/responses", 200, "text/event-stream", b'data: {"error": {"message": "generation failed: boom"}}\n\n'),
+        ("/tokenize", 200, "application/json", b""),
+    ],
+)
+def test_the_judge_refuses_what_no_client_should_get(path, status, content_type, body):
+    assert answer_problem(path, status, content_type, body) is not None
+
+
+def test_the_judge_passes_each_protocols_own_answers():
+    anthropic = b'{"type": "error", "error": {"type": "invalid_request_error", "message": "x"}}'
+    assert answer_problem("/v1/messages/count_tokens", 400, "application/json", anthropic) is None
+    assert answer_problem("/api/show", 404, "application/json", b'{"error": "x"}') is None
+    assert answer_problem("/detokenize", 400, "application/json", b'{"error": {"message": "x", "type": "t"}}') is None
+    assert answer_problem("/v1/chat/completions", 200, "text/event-stream", b"data: {}\n\ndata: [DONE]\n\n") is None
+
+
 # ---------------------------------------------------------------------- schemathesis over the document
 @schemathesis.check
 def protocol_error_shape(ctx, response, case):
