@@ -3,6 +3,7 @@ GGUF models (target + an identical twin as the draft), queried with the openai c
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -24,54 +25,42 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def cli_server(tiny_gguf_dir):
+@contextlib.contextmanager
+def serving(*args: str):
+    """`draftwise serve ARGS --port P` in a subprocess, until it answers /health; its base URL."""
     port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "draftwise.cli",
-        "serve",
-        "--target",
-        str(tiny_gguf_dir / "target.gguf"),
-        "--draft",
-        str(tiny_gguf_dir / "twin.gguf"),
-        "--policy",
-        "fixed",
-        "--k",
-        "3",
-        "--n-ctx",
-        "256",
-        "--threads",
-        "1",
-        "--port",
-        str(port),
-        "--api-key",
-        "secret",
-        "--model-name",
-        "tiny",
-    ]
+    cmd = [sys.executable, "-m", "draftwise.cli", "serve", *args, "--port", str(port)]
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"draftwise serve did not start:\n{proc.stdout.read()}")
-        time.sleep(0.1)
-    yield url
-    proc.send_signal(signal.SIGINT)
     try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail(f"draftwise serve did not start:\n{proc.stdout.read()}")
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture
+def cli_server(tiny_gguf_dir):
+    args = ["--target", str(tiny_gguf_dir / "target.gguf"), "--draft", str(tiny_gguf_dir / "twin.gguf")]
+    args += ["--policy", "fixed", "--k", "3", "--n-ctx", "256", "--threads", "1"]
+    with serving(*args, "--api-key", "secret", "--model-name", "tiny") as url:
+        yield url
 
 
 def test_serve_answers_chat_with_speculation_and_reuses_both_caches(cli_server):
@@ -105,29 +94,14 @@ def test_serve_refuses_an_allowed_origin_that_is_no_origin():
     assert "allowed origin 'localhost:3000' is not an origin" in result.output
 
 
-def test_serve_models_switches_between_the_models_of_a_folder(tiny_gguf_dir, tmp_path):
+def test_serve_models_switches_between_the_models_of_a_folder(tiny_gguf_dir):
     """`serve --models DIR`: every GGUF of the folder listed, each loaded when first named, each
-    answer the one the model gives served alone (draft.gguf and target.gguf differ)."""
+    answer the same after a switch (draft.gguf and target.gguf differ)."""
     import ollama
 
-    port = free_port()
-    cmd = [sys.executable, "-m", "draftwise.cli", "serve", "--target", str(tiny_gguf_dir / "target.gguf")]
-    cmd += ["--models", str(tiny_gguf_dir), "--draft", "ngram", "--policy", "fixed", "--n-ctx", "256"]
-    cmd += ["--threads", "1", "--parallel", "1", "--port", str(port), "--keep-alive", "-1"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail(f"draftwise serve --models did not start:\n{proc.stdout.read()}")
-            time.sleep(0.1)
+    args = ["--target", str(tiny_gguf_dir / "target.gguf"), "--models", str(tiny_gguf_dir), "--draft", "ngram"]
+    args += ["--policy", "fixed", "--n-ctx", "256", "--threads", "1", "--parallel", "1", "--keep-alive", "-1"]
+    with serving(*args) as url:
         c = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=60)
         names = [m.id for m in c.models.list()]
         assert names[0] == "target.gguf" and {"draft.gguf", "twin.gguf"} <= set(names)
@@ -139,9 +113,3 @@ def test_serve_models_switches_between_the_models_of_a_folder(tiny_gguf_dir, tmp
         assert all(len(texts) == 1 for texts in answers.values())  # the same answer after a switch
         assert answers["target.gguf"] != answers["draft.gguf"]
         assert {m.model for m in ollama.Client(host=url).ps().models} == {"target.gguf:latest", "draft.gguf:latest"}
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
