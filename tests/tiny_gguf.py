@@ -2,7 +2,9 @@
 
 vocab 258 (256 bytes + <s> + </s>; with fim=True six more, Qwen2.5-Coder's fill-in-the-middle
 control tokens, with no tokenizer.ggml.fim_* metadata, as in its GGUF), n_embd 64, 2 layers:
-writes and loads in milliseconds.
+writes and loads in milliseconds. other_vocab=True gives another vocabulary with the same texts
+partly: the 256 byte tokens in reverse order, then OTHER_PIECES (merged pieces the default
+vocabulary has no single token for), then <s> and </s> (for drafters/crossvocab.py's tests).
 Tensors are given as (out, in) numpy arrays; the gguf writer reverses them to ggml order.
 """
 
@@ -15,6 +17,9 @@ import numpy as np
 
 from tiny_qwen2 import byte_chars
 
+# Merged pieces of the other vocabulary and the merges that make them (gpt2 byte-level text).
+OTHER_PIECES = ["Ġt", "he", "Ġthe", "in", "Ġa", "er"]
+OTHER_MERGES = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "e r"]
 FIM_TOKENS = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"]
 
 
@@ -35,6 +40,7 @@ def write_tiny_gguf(
     special_tokens: Sequence[str] = (),
     eot_token: str | None = None,
     name: str | None = None,
+    other_vocab: bool = False,
 ) -> Path:
     """architecture: "llama", or "qwen2" (llama's tensors with q/k/v biases); another name
     writes llama's tensors under it (a header to read, not a model llama.cpp loads).
@@ -44,6 +50,10 @@ def write_tiny_gguf(
 
     rng = np.random.default_rng(seed)
     tokens = byte_chars() + ["<s>", "</s>"] + (FIM_TOKENS if fim else []) + list(special_tokens)
+    num_plain = 256
+    if other_vocab:
+        tokens = byte_chars()[::-1] + OTHER_PIECES + ["<s>", "</s>"] + list(special_tokens)
+        num_plain += len(OTHER_PIECES)
     vocab = len(tokens)
     writer = gguf.GGUFWriter(str(path), architecture)
     if name:
@@ -62,10 +72,10 @@ def write_tiny_gguf(
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
     writer.add_token_list(tokens)
-    writer.add_token_types([1] * 256 + [3] * (vocab - 256))
-    writer.add_token_merges(["Ġ Ġ"])  # at least one merge, or the writer drops the list
-    writer.add_bos_token_id(256)
-    writer.add_eos_token_id(257)
+    writer.add_token_types([1] * num_plain + [3] * (vocab - num_plain))
+    writer.add_token_merges(OTHER_MERGES if other_vocab else ["Ġ Ġ"])  # at least one, or the writer drops the list
+    writer.add_bos_token_id(tokens.index("<s>"))
+    writer.add_eos_token_id(tokens.index("</s>"))
     writer.add_add_bos_token(False)
     if chat_template:
         writer.add_chat_template(chat_template)

@@ -2,7 +2,8 @@
 
 A ToyModel maps the last `order` tokens to a fixed logit vector drawn from a seeded
 generator, so distributions are known exactly and batched == one-at-a-time by
-construction. A character tokenizer gives it text: token 0 is EOS, 1.. are characters.
+construction. A character tokenizer gives it text: token 0 is EOS, 1.. are characters (a piece
+tokenizer, pieces of several characters: a toy of another vocabulary).
 """
 
 from __future__ import annotations
@@ -73,6 +74,47 @@ class CharTokenizer:
         )
 
 
+class PieceTokenizer(CharTokenizer):
+    """Token 0 is EOS; token i >= 1 is pieces[i - 1], one or more characters; encode takes the
+    longest piece at each position (unknown characters dropped). Two of these whose pieces
+    partly agree are toy models of two vocabularies (drafters/crossvocab.py).
+
+    Example: pieces ["a", "b", "ab", "x"] encodes "abxb" as [3, 4, 2]; decode gives "abxb".
+    """
+
+    def __init__(self, pieces: Sequence[str]) -> None:
+        if not pieces or any(not p for p in pieces) or len(set(pieces)) != len(pieces):
+            raise ValueError("pieces must be distinct non-empty strings")
+        self._pieces = ["</s>", *pieces]
+        self._index = {p: i for i, p in enumerate(self._pieces) if i > 0}
+        self._longest = max(len(p) for p in pieces)
+        self.eos_token_ids = frozenset({0})
+
+    def encode(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        ids, pos = [], 0
+        while pos < len(text):
+            for size in range(min(self._longest, len(text) - pos), 0, -1):
+                token = self._index.get(text[pos : pos + size])
+                if token is not None:
+                    ids.append(token)
+                    pos += size
+                    break
+            else:
+                pos += 1
+        return ids
+
+    def llguidance_tokenizer(self, n_vocab: int):
+        from draftwise.constraints import lltokenizer_from_pieces
+
+        return lltokenizer_from_pieces(
+            [p.encode() for p in self._pieces],
+            eos_token_id=0,
+            n_vocab=n_vocab,
+            special_token_ids=[0],
+            encode=lambda text: self.encode(text.decode("utf-8", errors="ignore")),
+        )
+
+
 @dataclass
 class ToyModel:
     """Logits depend on the last `order` tokens only: exact and cheap.
@@ -111,7 +153,7 @@ class ToyBackend:
         vocab_size: int | None = None,
         n_ctx: int = 4096,
         name: str = "toy",
-        tokenizer: CharTokenizer | None = None,
+        tokenizer: CharTokenizer | None = None,  # or a PieceTokenizer
         slots: int = 1,
     ) -> None:
         if slots < 1:

@@ -213,10 +213,10 @@ def draft_prompt(
         for control in target.control_texts:
             plain = plain.replace(control, "")
         return draft.encode(plain, add_special=True, parse_special=False)
-    if mode == "template" and draft.chat_template is not None:
+    if mode == "template":
         try:
             return encode_chat(draft, messages)
-        except Exception:  # noqa: BLE001 - a template that refuses these roles: the transcript
+        except Exception:  # noqa: BLE001 - no template, or one refusing these roles: the transcript
             pass
     return draft.encode(transcript(messages), add_special=True, parse_special=False)
 
@@ -314,8 +314,16 @@ class CrossVocabDrafter(ModelDrafter):
         if not anchors or anchors[0] != (base_t, len(base_ids)) or self._synced_draft[: len(base_ids)] != base_ids:
             anchors, self._synced_target, self._synced_draft = [(base_t, len(base_ids))], [], list(base_ids)
         shared = common_prefix_length(context, self._synced_target) if self._synced_target else base_t
+        valid = [a for a in anchors if a[0] <= shared] or anchors[:1]
         limit = max(base_t, shared - self.reencode_tokens)
-        keep = [a for a in anchors if a[0] <= limit] or anchors[:1]
+        ideal = [a for a in valid if a[0] <= limit]
+        # NOTE: where no anchor lies near enough before the limit (text the draft's tokenizer does
+        # not spell back exactly), re-encode from the last valid one: less than the ideal tail,
+        # never a long stretch of context.
+        if ideal and ideal[-1][0] >= shared - self.reencode_tokens - ANCHOR_WINDOW:
+            keep = ideal
+        else:
+            keep = valid
         start_t, start_d = keep[-1]
         text = tail_text(self.target_tokenizer, context, start_t) if start_t < len(context) else ""
         if text.endswith("\ufffd"):
