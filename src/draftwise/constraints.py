@@ -35,7 +35,8 @@ JSON_OVERRIDES = {"whitespace_flexible": False, "item_separator": ", ", "key_sep
 # them: exact for an integer up to 2**53 in magnitude and for a fraction of at most 15
 # significant digits (a float's DBL_DIG), not beyond (an integer minimum of 10**20 became
 # 2**63 - 1, which was the answer; a maximum of 2**62 let 2**62 + 1 through, one of
-# 972121617984.1307 let 972121617984.1309 through). Such a bound is refused, not rounded.
+# 972121617984.1307 let 972121617984.1309 through), and some crash it (see embedded_schemas).
+# Such a bound is refused, not rounded.
 EXACT_INTEGER, EXACT_DIGITS = 2**53, 15
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
@@ -85,14 +86,38 @@ def _inexact(bound: Any) -> str | None:
     return None
 
 
+def embedded_schemas(grammar: str) -> list[Any]:
+    """The JSON schemas a Lark grammar embeds (llguidance's `rule: %json {...}`), which schema_fault
+    checks as it checks a json_schema constraint's. NOTE: llguidance crashes the process (not an
+    error) on some integer bounds beyond 2**53 (minimum = maximum = -(2**63 - 1)): a grammar is
+    a client's text, so these are checked before it reaches llguidance.
+    Example: 'start: %json {"type": "integer"}' -> [{"type": "integer"}]."""
+    decoder, out = json.JSONDecoder(), []
+    for match in re.finditer(r"%json\s*", grammar):
+        try:
+            out.append(decoder.raw_decode(grammar, match.end())[0])
+        except ValueError:
+            continue  # not JSON: llguidance's own error names it
+    return out
+
+
 def grammar_definition(constraint: Constraint) -> str:
     """The llguidance grammar definition of a constraint (not yet checked against a vocabulary)."""
     import llguidance
 
     kind = constraint.kind
-    fault = schema_fault(constraint.schema) if kind == "json_schema" else None
-    if fault is not None:
-        raise ConstraintError(f"invalid json schema: {fault}")
+    schemas = (
+        [constraint.schema]
+        if kind == "json_schema"
+        else embedded_schemas(constraint.source)
+        if kind == "grammar"
+        else []
+    )
+    for schema in schemas:
+        fault = schema_fault(schema)
+        if fault is not None:
+            where = "json schema" if kind == "json_schema" else "grammar: its %json schema"
+            raise ConstraintError(f"invalid {where}: {fault}")
     try:
         if kind in ("json_schema", "json_object"):
             schema = json.dumps(constraint.schema)
@@ -148,12 +173,14 @@ def compile_constraint(constraint: Constraint, backend) -> Grammar | LazyGrammar
     ConstraintError with llguidance's message."""
     import llguidance
 
-    if constraint.trigger:
-        trigger_ids = backend.tokenizer.encode(constraint.trigger, add_special=False, parse_special=True)
-        if not trigger_ids:
-            raise ConstraintError(f"the trigger {constraint.trigger!r} has no tokens in this vocabulary")
+    if constraint.trigger or constraint.pattern:
+        trigger_ids = []  # a pattern alone: no token trigger
+        if constraint.trigger:
+            trigger_ids = backend.tokenizer.encode(constraint.trigger, add_special=False, parse_special=True)
+            if not trigger_ids:
+                raise ConstraintError(f"the trigger {constraint.trigger!r} has no tokens in this vocabulary")
         inner = None
-        if constraint.kind != "text":
+        if constraint.kind != "text" and trigger_ids:
             inner = compile_constraint(Constraint(constraint.kind, constraint.source), backend)
             inner.check_start()
         eos = inner.eos_token_ids if inner is not None else llguidance_tokenizer(backend).eos_tokens
@@ -389,6 +416,8 @@ class LazyGrammar:
 
     def _fires(self, tail: tuple[int, ...], token: int) -> tuple[bool, tuple[int, ...]]:
         """Whether token completes the trigger after tail, and the tail after token."""
+        if not self.trigger:  # the pattern alone starts the grammar
+            return False, ()
         seen = (*tail, int(token))
         n = len(self.trigger)
         return seen[-n:] == self.trigger, seen[max(0, len(seen) - (n - 1)) :] if n > 1 else ()
@@ -408,7 +437,7 @@ class LazyGrammar:
     def _free_row(self, tail: tuple[int, ...]) -> np.ndarray:
         if self._free is None:
             self._free = np.ones(self.vocab_size, dtype=bool)
-        if self._start is None and tail == self.trigger[:-1]:
+        if self._start is None and self.trigger and tail == self.trigger[:-1]:
             row = self._free.copy()
             row[self.trigger[-1]] = False  # the trigger may not complete
             return row
