@@ -16,7 +16,7 @@ from draftwise.backends.chat_templates import family_template
 from draftwise.errors import ModelError
 from draftwise.fim import FIM_TEXTS, MIDDLELESS_PREFIXES
 from draftwise.gguf_header import FILE_TYPES, TENSOR_TYPES, GGUFHeader, SkippedArray
-from draftwise.tools.formats import format_for
+from draftwise.tools.formats import choose_format
 
 # Texts of end-of-turn tokens, as llama.cpp looks for them when the GGUF names none.
 EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<EOT>", "<｜end▁of▁sentence｜>")
@@ -37,7 +37,7 @@ class ModelFacts:
     vocab_size: int | None
     context_length: int | None  # the trained window
     chat_template: str  # "gguf", "gemma (family default)", or "none"
-    tool_format: str | None  # the tool-call format the GGUF's template speaks (draftwise.tools.formats)
+    tool_format: str | None  # the tool-call format it speaks (draftwise.tools.formats; None: no chat)
     fim: dict[str, str]  # the FIM tokens' texts by role ({} without them)
     eot: str | None  # the end-of-turn token's text
     kv_bytes_per_token: int  # the KV cache per position at f16
@@ -113,7 +113,8 @@ def facts_of(headers: Sequence[GGUFHeader]) -> ModelFacts:
     else:
         family = family_template(arch, vocabulary.__contains__)
         chat = f"{family} (family default)" if family else "none"
-    tool_format = format_for(template)
+    # the template's format, else the family's (its vocabulary's tokens), else plain JSON; none without chat
+    tool_format = choose_format(template, vocabulary.__contains__) if chat != "none" else None
     eot = _token_text(tokens, meta, "tokenizer.ggml.eot_token_id") or next(
         (t for t in EOT_TEXTS if t in vocabulary), None
     )

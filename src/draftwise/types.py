@@ -38,9 +38,10 @@ class Constraint:
     trigger (lazy constraints, as for tool calls): the answer is free text until the trigger's
     tokens appear, and the constraint holds from the token after them to the end. Kind "text"
     with a trigger is free text in which the trigger never appears (tool_choice "none").
-    pattern (with a trigger): a second, textual trigger, a regex searched in the answer's text;
-    from its match on, pattern_source (a Lark grammar of the text from the match's start, the
-    match included) holds to the end. Qwen2.5-Coder writes its calls as ```json blocks.
+    pattern: a (second) textual trigger, a regex searched in the answer's text; from its match
+    on, pattern_source (a Lark grammar of the text from the match's start, the match included)
+    holds to the end. Qwen2.5-Coder writes its calls as ```json blocks. A lazy constraint with a
+    pattern and no trigger is free text until the pattern matches (calls as plain JSON).
     calls: the texts of the calls the constraint admits, as the model would write them, with
     CALL_HOLE / CALL_ANY for their values; they never change what is allowed (the calls drafter
     proposes from them).
@@ -63,7 +64,7 @@ class Constraint:
             raise ConfigError(f"constraint kind must be one of {', '.join(CONSTRAINT_KINDS)}, got {self.kind!r}")
         if self.kind == "text" and not self.trigger:
             raise ConfigError("a text constraint needs a trigger (the text it never holds)")
-        if bool(self.pattern) != bool(self.pattern_source) or (self.pattern and not self.trigger):
+        if bool(self.pattern) != bool(self.pattern_source) or (self.pattern and self.kind == "text"):
             raise ConfigError("a pattern trigger needs its grammar (pattern_source) and a lazy constraint")
         if self.pattern:
             try:
@@ -101,9 +102,10 @@ class Constraint:
         cls, constraint: Constraint, trigger: str, *, pattern: str = "", from_pattern: Constraint | None = None
     ) -> Constraint:
         """constraint, holding only after trigger (free text before it); or, from a match of the
-        regex pattern on, from_pattern (a grammar that reads the match itself)."""
-        if not trigger:
-            raise ConfigError("a lazy constraint needs a non-empty trigger")
+        regex pattern on, from_pattern (a grammar that reads the match itself). trigger "": the
+        pattern alone starts it."""
+        if not trigger and not (pattern and from_pattern is not None):
+            raise ConfigError("a lazy constraint needs a non-empty trigger (or a pattern and its grammar)")
         if (from_pattern is not None) and from_pattern.kind != "grammar":
             raise ConfigError("a pattern trigger's constraint must be a grammar")
         source = from_pattern.source if from_pattern is not None else ""

@@ -156,10 +156,33 @@ def test_a_match_that_ends_inside_a_token_starts_the_grammar_there():
     assert refused.triggered
 
 
-def test_a_pattern_needs_its_grammar_and_a_trigger():
+def test_a_pattern_needs_its_grammar():
     with pytest.raises(ConfigError):
         Constraint(CALLS.kind, CALLS.source, TRIGGER, pattern=PATTERN)
     with pytest.raises(ConfigError):
-        Constraint(CALLS.kind, CALLS.source, "", pattern=PATTERN, pattern_source=FROM_PATTERN.source)
+        Constraint("text", "", "", pattern=PATTERN, pattern_source=FROM_PATTERN.source)
     with pytest.raises(ConfigError):
         Constraint.lazy(CALLS, TRIGGER, pattern=PATTERN, from_pattern=Constraint.regex("a"))
+    with pytest.raises(ConfigError):
+        Constraint.lazy(CALLS, "")  # neither a trigger nor a pattern
+
+
+# The pattern alone (calls as plain JSON: tools/formats/plain.py): "#<" is plain text then.
+PATTERN_ONLY = Constraint.lazy(FROM_PATTERN, "", pattern=PATTERN, from_pattern=FROM_PATTERN)
+
+
+@pytest.mark.parametrize("drafter", ["same", "ngram", "grammar"])
+def test_a_pattern_alone_is_exact_under_speculation(drafter):
+    engine = make_engine()
+    fired = 0
+    for prompt in PROMPTS:
+        sampling = SamplingParams(max_tokens=60, constraint=PATTERN_ONLY)
+        plain = engine.generate(prompt_ids=prompt, sampling=sampling, speculation=SpeculationConfig(enabled=False))
+        spec = SpeculationConfig(policy="fixed", max_draft_tokens=4)
+        result = engine.generate(prompt_ids=prompt, sampling=sampling, speculation=spec, drafters=[drafter])
+        assert result.token_ids == plain.token_ids
+        text = TOKENS.decode(plain.token_ids)
+        if re.search(PATTERN, text):
+            fired += 1
+            assert re.fullmatch(r'(?s).*\{"(abc|ab)":[a-c]{1,4}\}', text), text
+    assert fired >= 3

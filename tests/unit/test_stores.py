@@ -133,13 +133,15 @@ def test_every_store_is_listed_with_its_names_and_facts(env):
     gemma = found["someone/gemma-tiny:latest"].facts
     assert (gemma.chat_template, gemma.tool_format, gemma.eot, gemma.fim) == (
         "gemma (family default)",
-        None,
+        "json",  # no format of its own: calls as plain JSON objects
         "<end_of_turn>",
         {},
     )
     llama3 = found["lmstudio-community/Llama3-Tiny-GGUF/llama3-tiny-Q8_0.gguf"].facts
     assert llama3.chat_template == "llama3 (family default)" and llama3.eot == "<|eot_id|>"
-    assert found["tiny-org/Base-Tiny-GGUF/base-tiny.gguf"].facts.chat_template == "none"
+    assert llama3.tool_format == "json"  # Llama 3.0's vocabulary: no <|python_tag|>
+    base = found["tiny-org/Base-Tiny-GGUF/base-tiny.gguf"].facts
+    assert (base.chat_template, base.tool_format) == ("none", None)
     split = found["tiny-org/Base-Tiny-GGUF/split-tiny-00001-of-00002.gguf"]
     one = read_header(split.path)
     assert split.facts.num_params == 2 * sum(t.num_elements for t in one.tensors)

@@ -166,7 +166,7 @@ def chat_tools(body: CountTokensRequest, tokenizer, messages: list[dict]) -> tup
         param, message = _anthropic_names(exc.param), _anthropic_names(str(exc))
         message = message if param in message else f"{param}: {message}"
         raise APIError(400, message, param=param, code="invalid_value") from None
-    return ChatTools(plan, [t.as_openai() for t in tools]), messages
+    return ChatTools(plan, [t.as_openai() for t in tools]), plan.messages(messages)
 
 
 def _anthropic_names(text: str) -> str:

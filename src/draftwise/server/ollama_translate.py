@@ -376,7 +376,7 @@ def chat_tools(
     except ToolSpecError as exc:
         message = str(exc) if exc.param in str(exc) else f"{exc.param}: {exc}"
         raise APIError(400, message, param=exc.param, code="invalid_value") from None
-    return ChatTools(plan, [t.as_openai() for t in parsed]), messages
+    return ChatTools(plan, [t.as_openai() for t in parsed]), plan.messages(messages)
 
 
 def fim_ids(tokenizer, prefix: str, suffix: str) -> list[int]:

@@ -51,7 +51,8 @@ class ChatTools:
 
 def chat_tools(body, tokenizer, messages: list[dict]) -> tuple[ChatTools | None, list[dict]]:
     """Validate tools, tool_choice and the tool messages (400 naming the field); the plan (None
-    without tools) and the messages as chat templates read them."""
+    without tools) and the messages as chat templates read them (the tools described in them
+    where the template lays out none: ToolPlan.messages)."""
     try:
         messages = template_messages(messages)
         if not body.tools:
@@ -66,7 +67,7 @@ def chat_tools(body, tokenizer, messages: list[dict]) -> tuple[ChatTools | None,
         plan = tool_plan(tokenizer, tools, choice, parallel)
     except ToolSpecError as exc:
         raise APIError(400, str(exc), param=exc.param, code="invalid_value") from None
-    return ChatTools(plan, [t.as_openai() for t in tools]), messages
+    return ChatTools(plan, [t.as_openai() for t in tools]), plan.messages(messages)
 
 
 def enforceable(tools: Sequence[Tool]) -> Sequence[Tool]:

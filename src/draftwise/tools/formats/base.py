@@ -83,24 +83,44 @@ def _close_objects(schema) -> None:
 
 
 class ToolFormat:
-    """A model family's tool calls. `trigger` starts the calls (the lazy grammar's trigger)."""
+    """A model family's tool calls. `trigger` starts the calls (the lazy grammar's trigger; ""
+    for a format whose calls are JSON objects only, found by their start: json_block.pattern).
+    `tokens`: vocabulary tokens that mark the family where its template does not say (a GGUF
+    answered with a built-in template)."""
 
     name: str = ""
     trigger: str = ""
+    tokens: tuple[str, ...] = ()
     json_blocks: bool = False  # under auto, calls written as ```json blocks count too (json_block.py)
+    trigger_optional: bool = False  # calls may come without the trigger (then as JSON objects), any tool_choice
+    single: bool = False  # one call per answer (the family's template renders no more)
+    arguments_key: str = "arguments"  # Llama 3.x writes "parameters"
+    block_indents: tuple[int | None, ...] = (2, 4)  # how the model lays out a call's JSON (None: one line)
 
     def matches(self, template: str) -> bool:
         """Whether a chat template is this format's (it renders tools and calls this way)."""
         raise NotImplementedError
 
     def grammar(
-        self, tools: Sequence[Tool], choice: ToolChoice, parallel: bool, tag: Callable[[str], str], *, lazy: bool
+        self,
+        tools: Sequence[Tool],
+        choice: ToolChoice,
+        parallel: bool,
+        tag: Callable[[str], str],
+        *,
+        lazy: bool,
+        with_trigger: bool = True,
     ) -> str:
-        """Lark grammar of the calls; lazy: of what follows the trigger, else trigger included.
+        """Lark grammar of the calls; lazy: of what follows the trigger, else trigger included
+        (optional for a format whose calls may come without it; left out with with_trigger off).
         tag(text) is the Lark for a fixed text (a single token where the vocabulary has one)."""
         raise NotImplementedError
 
     def parser(self, blocks: BlockCalls | None = None) -> JsonCallsParser:
+        raise NotImplementedError
+
+    def calls_text(self, calls: Sequence[tuple[str, str]]) -> str:
+        """Calls as the model writes them: (name, the JSON text of the arguments object) each."""
         raise NotImplementedError
 
     def parse(self, text: str, blocks: BlockCalls | None = None) -> Parsed:
@@ -115,38 +135,66 @@ class ToolFormat:
 
 
 class JsonCallsFormat(ToolFormat):
-    """trigger + opener + {"name": "<name>", "arguments": <object>} + closer, calls joined by
-    separator (each call starts with the trigger again)."""
+    """trigger + opener + {"name": "<name>", "<arguments_key>": <object>} + closer, calls joined
+    by separator (each call starts with the trigger again); or, with a joiner, one trigger and
+    the calls as a list: trigger + list_open + call (joiner call)* + list_close (Mistral's
+    [TOOL_CALLS][{...}, {...}])."""
 
     opener: str = ""
     closer: str = ""
     separator: str = ""
+    joiner: str = ""
+    list_open: str = ""
+    list_close: str = ""
 
     def grammar(
-        self, tools: Sequence[Tool], choice: ToolChoice, parallel: bool, tag: Callable[[str], str], *, lazy: bool
+        self,
+        tools: Sequence[Tool],
+        choice: ToolChoice,
+        parallel: bool,
+        tag: Callable[[str], str],
+        *,
+        lazy: bool,
+        with_trigger: bool = True,
     ) -> str:
         chosen = [t for t in tools if choice.mode != "named" or t.name == choice.name]
-        many = parallel and choice.mode != "named"
-        trigger = tag(self.trigger)
-        head = "" if lazy else f"{trigger} "
-        # NOTE: the separator may also end the answer: a model that writes it after a call has not
-        # yet chosen between another call and the end, and forcing the trigger there made the
-        # default target repeat its call until max_tokens.
-        sep = lark_literal(self.separator)
-        more = f" ({sep} {trigger} call)* {sep}?" if many and self.separator else f" ({trigger} call)*" if many else ""
+        many = parallel and choice.mode != "named" and not self.single
+        # the trigger with a space after it, "" where there is none (plain JSON, or one the
+        # vocabulary cannot spell: tools.plan)
+        trigger = f"{tag(self.trigger)} " if self.trigger and with_trigger else ""
+        head = "" if lazy else f"({trigger.strip()})? " if trigger and self.trigger_optional else trigger
+        if self.joiner:
+            more = f" ({lark_literal(self.joiner)} call)*" if many else ""
+            body = f"{lark_literal(self.list_open)} call{more} {lark_literal(self.list_close)}"
+        else:
+            # NOTE: the separator may also end the answer: a model that writes it after a call has
+            # not yet chosen between another call and the end, and forcing the trigger there made
+            # the default target repeat its call until max_tokens.
+            sep = lark_literal(self.separator)
+            more = (
+                f" ({sep} {trigger}call)* {sep}?" if many and self.separator else f" ({trigger}call)*" if many else ""
+            )
+            body = f"call{more}"
+        closer = f" {_tagged(self.closer, tag)}" if self.closer else ""
         lines = [
-            f"start: {head}call{more}",
-            f"call: {lark_literal(self.opener + '{')} fn {lark_literal('}')} {_tagged(self.closer, tag)}",
+            f"start: {head}{body}",
+            f"call: {lark_literal(self.opener + '{')} fn {lark_literal('}')}{closer}",
             "fn: " + " | ".join(f"fn_{i}" for i in range(len(chosen))),
         ]
         for i, tool in enumerate(chosen):
-            key = lark_literal(f'"name": {json.dumps(tool.name)}, "arguments": ')
+            key = lark_literal(f'"name": {json.dumps(tool.name)}, "{self.arguments_key}": ')
             lines.append(f"fn_{i}: {key} args_{i}")
             lines.append(f"args_{i}: %json {json.dumps(schema_for(tool), ensure_ascii=False)}")
         return "\n".join(lines) + "\n"
 
     def parser(self, blocks: BlockCalls | None = None) -> JsonCallsParser:
         return JsonCallsParser(self, blocks)
+
+    def calls_text(self, calls: Sequence[tuple[str, str]]) -> str:
+        objects = [f'{{"name": {json.dumps(n, ensure_ascii=False)}, "{self.arguments_key}": {a}}}' for n, a in calls]
+        if self.joiner:
+            return f"{self.trigger}{self.list_open}{self.joiner.join(objects)}{self.list_close}"
+        return self.separator.join(f"{self.trigger}{self.opener}{o}{self.closer}" for o in objects)
 
 
 def _tagged(text: str, tag: Callable[[str], str]) -> str:
@@ -157,7 +205,10 @@ def _tagged(text: str, tag: Callable[[str], str]) -> str:
     return f"{lark_literal(text[:start])} {tag(text[start:])}"
 
 
-_CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
+def _call_head(fmt: JsonCallsFormat) -> re.Pattern:
+    """A call's start up to its arguments (the list's opening for a list format): the name is group 1."""
+    opening = rf"(?:{re.escape(fmt.list_open)}\s*)?" if fmt.list_open else ""
+    return re.compile(rf'\s*{opening}\{{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"{fmt.arguments_key}"\s*:\s*')
 
 
 class JsonCallsParser:
@@ -170,7 +221,8 @@ class JsonCallsParser:
     def __init__(self, fmt: JsonCallsFormat, blocks: BlockCalls | None = None) -> None:
         self.fmt = fmt
         self._blocks = blocks
-        self._closer = re.compile(r"\s*" + re.escape("}" + fmt.closer))  # of the current call
+        self._head_re = _call_head(fmt)
+        self._closer = self._call_closer()  # of the current call
         self._buf = ""
         self._mode = "text"  # text -> head -> args -> close -> between -> head ...
         self.content = ""
@@ -202,7 +254,7 @@ class JsonCallsParser:
     # each mode reads what it can from the buffer: an event (maybe empty) or None (needs more text)
     def _text(self) -> StreamEvent | None:
         buf, trigger = self._buf, self.fmt.trigger
-        at = buf.find(trigger)
+        at = buf.find(trigger) if trigger else -1
         block = self._blocks.regex.search(buf) if self._blocks is not None else None
         if block is not None and (at < 0 or block.start() < at):
             before = buf[: block.start()].rstrip()
@@ -212,7 +264,7 @@ class JsonCallsParser:
         if at >= 0:
             before = buf[:at].rstrip()
             self._buf, self._mode = buf[at + len(trigger) :], "head"
-            self._closer = re.compile(r"\s*" + re.escape("}" + self.fmt.closer))
+            self._closer = self._call_closer()
             self.content += before
             return StreamEvent(content=before)
         hold = next((n for n in range(min(len(trigger) - 1, len(buf)), 0, -1) if trigger.startswith(buf[-n:])), 0)
@@ -227,7 +279,7 @@ class JsonCallsParser:
         return StreamEvent(content=emit)
 
     def _head(self) -> StreamEvent | None:
-        match = _CALL_HEAD.match(self._buf)
+        match = self._head_re.match(self._buf)
         if match is None or match.end() == len(self._buf):  # the arguments have not begun yet
             return None
         name = json.loads(f'"{match.group(1)}"')
@@ -276,21 +328,31 @@ class JsonCallsParser:
             return None
         self._buf = self._buf[closed.end() :]
         self.calls.append(ToolCall(**self._current))
-        self._current, self._mode = None, "between"
+        # a list format's joiner: the next call of the list follows, without the trigger
+        self._current, self._mode = None, "head" if closed.groupdict().get("more") else "between"
         return StreamEvent()
 
+    def _call_closer(self) -> re.Pattern:
+        """The end of a call after the trigger: "}" and the closer; for a list format, "}" and
+        the joiner (group "more": another call follows) or the list's end."""
+        fmt = self.fmt
+        if fmt.joiner:
+            joiner, end = re.escape(fmt.joiner.strip()), re.escape(fmt.list_close)
+            return re.compile(rf"\s*\}}\s*(?:(?P<more>{joiner})\s*|{end})")
+        return re.compile(r"\s*" + re.escape("}" + fmt.closer))
+
     def _between(self) -> StreamEvent | None:
-        stripped = self._buf.lstrip()
-        if stripped.startswith(self.fmt.trigger):
-            self._buf, self._mode = stripped[len(self.fmt.trigger) :], "head"
-            self._closer = re.compile(r"\s*" + re.escape("}" + self.fmt.closer))
+        stripped, trigger = self._buf.lstrip(), self.fmt.trigger
+        if trigger and stripped.startswith(trigger):
+            self._buf, self._mode = stripped[len(trigger) :], "head"
+            self._closer = self._call_closer()
             return StreamEvent()
         if self._blocks is not None and self._blocks.regex.match(stripped):
             self._start_block(stripped)
             return StreamEvent()
         if self._blocks is not None and self._blocks.could_start(stripped):
             return None
-        if stripped and not self.fmt.trigger.startswith(stripped):
+        if stripped and not (trigger and trigger.startswith(stripped)):
             self._buf = ""  # text after the calls (no grammar allows it) is not part of the message
         return None
 

@@ -18,6 +18,7 @@ from draftwise.tools.formats.base import JsonCallsFormat
 class HermesFormat(JsonCallsFormat):
     name = "hermes"
     trigger = "<tool_call>"
+    tokens = ("<tool_call>", "</tool_call>")
     opener = "\n"
     closer = "\n</tool_call>"
     separator = "\n"

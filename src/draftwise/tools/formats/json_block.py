@@ -38,9 +38,9 @@ WS_OPTIONS = {
 }
 
 
-def grammar(tools: Sequence[Tool], choice: ToolChoice, parallel: bool) -> str:
+def grammar(tools: Sequence[Tool], choice: ToolChoice, parallel: bool, key: str = "arguments") -> str:
     """Lark grammar of the calls from the match's start: fenced blocks (several, whitespace
-    between, when parallel) or one bare object; each {"name": <a tool>, "arguments": <its schema>}."""
+    between, when parallel) or one bare object; each {"name": <a tool>, <key>: <its schema>}."""
     chosen = [t for t in tools if choice.mode != "named" or t.name == choice.name]
     many = parallel and choice.mode != "named"
     lines = [
@@ -53,17 +53,20 @@ def grammar(tools: Sequence[Tool], choice: ToolChoice, parallel: bool) -> str:
     ]
     for i, tool in enumerate(chosen):
         name = lark_literal(json.dumps(tool.name))
-        lines.append(f'fn_{i}: {name} WS? "," WS? "\\"arguments\\"" WS? ":" WS? args_{i}')
+        lines.append(f'fn_{i}: {name} WS? "," WS? "\\"{key}\\"" WS? ":" WS? args_{i}')
         schema = schema_for(tool)
         schema["x-guidance"] = {**schema["x-guidance"], **WS_OPTIONS}
         lines.append(f"args_{i}: %json {json.dumps(schema, ensure_ascii=False)}")
     return "\n".join(lines) + "\n"
 
 
-def calls(tools: Sequence[Tool], choice: ToolChoice) -> tuple[str, ...]:
+def calls(
+    tools: Sequence[Tool], choice: ToolChoice, key: str = "arguments", indents: Sequence[int | None] = (2, 4)
+) -> tuple[str, ...]:
     """Each tool's call as the model writes it (Constraint.calls, for the calls drafter): fenced
-    and bare, indented by 2 and by 4, the arguments in the schema's order, string values as
-    CALL_HOLE and others as CALL_ANY. Example, a tool f(path: string), fenced, indent 2:
+    and bare, laid out by each of indents in turn (None: on one line, as json.dumps writes it),
+    the arguments in the schema's order, string values as CALL_HOLE and others as CALL_ANY.
+    Example, a tool f(path: string), fenced, indent 2:
     '```json\n{\n  "name": "f",\n  "arguments": {\n    "path": "<HOLE>"\n  }\n}\n```'."""
     hole, other = "@@draftwise-hole@@", "@@draftwise-any@@"
     calls = []
@@ -71,11 +74,11 @@ def calls(tools: Sequence[Tool], choice: ToolChoice) -> tuple[str, ...]:
         if choice.mode == "named" and tool.name != choice.name:
             continue
         properties = (tool.parameters or {}).get("properties") or {}
-        arguments = {key: hole if _string(spec) else other for key, spec in properties.items()}
-        calls.append({"name": tool.name, "arguments": arguments})
+        arguments = {prop: hole if _string(spec) else other for prop, spec in properties.items()}
+        calls.append({"name": tool.name, key: arguments})
     out = []
     # The likeliest style first (the default target's: fenced, indent 2).
-    for indent in (2, 4):
+    for indent in indents:
         texts = [
             json.dumps(call, indent=indent, ensure_ascii=False).replace(hole, CALL_HOLE).replace(f'"{other}"', CALL_ANY)
             for call in calls
