@@ -219,9 +219,24 @@ class ScaledCurve(CostCurve):
 
 
 def cache_key(backend: Backend) -> str:
-    threads = getattr(backend, "n_threads", 0)
-    raw = f"v{CACHE_VERSION}|{backend.identity}|threads={threads}|n_ctx={backend.n_ctx}"
+    return _key(backend.identity, getattr(backend, "n_threads", 0), backend.n_ctx)
+
+
+def _key(identity: str, threads: int, n_ctx: int) -> str:
+    raw = f"v{CACHE_VERSION}|{identity}|threads={threads}|n_ctx={n_ctx}"
     return hashlib.sha256(raw.encode()).hexdigest()[:24]
+
+
+def cached_curve(identity: str, threads: int, n_ctx: int) -> CostCurve | None:
+    """The cached curve of a model not loaded (its backend's identity, threads and n_ctx), or
+    None where it was never measured so (draftwise.pairing prices drafts before loading one)."""
+    from draftwise.models import cache_dir
+
+    path = cache_dir() / "calibration" / f"{_key(identity, threads, n_ctx)}.json"
+    try:
+        return CostCurve.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def cache_file(backend: Backend) -> Path:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from draftwise import calibrate, models, stores
+from draftwise import calibrate, models, pairing, stores
 from draftwise.backends.base import Backend, num_slots, text_marks
 from draftwise.backends.hf import DEVICES, DTYPES
 from draftwise.calibrate import CostCurve
@@ -270,6 +270,7 @@ class Loaded:
 
     engine: Engine
     calibration: Calibration = Calibration()
+    draft_note: str = ""  # --draft auto: which draft was paired and why ('' where none was loaded)
 
 
 def load(
@@ -305,6 +306,12 @@ def load(
     try:
         if on_target is not None:
             on_target(target_backend)
+        paired, first = None, Calibration()
+        if pairing.AUTO in drafter_names:  # --draft auto: the best of the user's models, or none
+            first = calibrate_models(target_backend, {}, calibration_progress)
+            paired = pair_draft(target, target_backend, first.curves["target"], options)
+            auto_name = [paired.draft.name] if paired.draft is not None else []
+            drafter_names = [m for n in drafter_names for m in (auto_name if n == pairing.AUTO else [n])]
         for name in drafter_names:
             if name in FREE_DRAFTERS:
                 entries.append((free_drafter(name, options), None))
@@ -336,14 +343,37 @@ def load(
                 drafters.append(model_drafter(target_backend, backend, vocab, options))
         if datastore:
             drafters.append(datastore_drafter(datastore))
+        note = ""
+        if paired is not None:
+            if paired.draft is None:
+                skipped["draft"] = paired.note
+            note = paired.note if "draft" not in skipped else ""
+            calibration = replace(
+                calibration, ms=calibration.ms + first.ms, measured=first.measured + calibration.measured
+            )
         engine = Engine(target_backend, drafters, speculation=speculation, skipped_drafters=skipped)
-        return Loaded(engine, calibration)
+        return Loaded(engine, calibration, note)
     except BaseException:
         target_backend.close()
         for _, backend in entries:
             if backend is not None:
                 backend.close()
         raise
+
+
+def pair_draft(target: str, backend: Backend, target_curve: CostCurve, options: LoadOptions) -> pairing.Pairing:
+    """--draft auto's draft for a loaded GGUF target (draftwise.pairing), as load() loads drafts."""
+    path = stores.resolve(target, options.models_dirs, fetch=False).path
+    if path.is_dir():
+        return pairing.Pairing(None, "not loaded: --draft auto pairs GGUF models; name the draft model")
+    from draftwise.backends.llamacpp import default_threads
+
+    threads = options.threads or default_threads()  # the draft is loaded with the target's options
+    discovery = stores.discover(stores.StoreRoots.from_environment(options.models_dirs))
+    slots = num_slots(backend)
+    return pairing.pair_draft(
+        path, target_curve, threads=threads, n_ctx=options.n_ctx, num_slots=slots, discovery=discovery
+    )
 
 
 def load_engine(target: str = models.DEFAULT_TARGET, draft: str | None = "ngram", **kwargs) -> Engine:

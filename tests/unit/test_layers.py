@@ -38,6 +38,7 @@ LAYERS: dict[str, int] = {
     "calibrate": 2,
     "fim": 2,
     "tools": 2,
+    "pairing": 2,  # --draft auto: prices the user's models as drafts (stores, calibrate, policy)
     "model_facts": 2,  # reads a GGUF's header: its chat template's family (backends), FIM texts, tool format
     "stores": 2,
     # 3: one request's state, one step over a batch of them, and the slot pool requests run in

@@ -320,7 +320,7 @@ def chat(
     from rich.console import Console
 
     engine = loaded.engine
-    say_skipped(engine)
+    say_skipped(engine, loaded.draft_note)
     say_calibrated(loaded.calibration)
     plain = no_color or bool(os.environ.get("NO_COLOR"))
     # color_system None: no escape codes at all (rich's own NO_COLOR handling keeps bold and the

@@ -26,7 +26,7 @@ EXIT_INTERRUPTED = 130
 KNOWN_ERRORS = (ConfigError, ModelError, BackendError, TokenizerMismatchError, FileNotFoundError)
 
 DRAFT_HELP = (
-    "Drafters: a draft model (name or path), "
+    "Drafters: a draft model (name or path), 'auto' (the one of yours that pays most here, if any), "
     + ", ".join(f"'{name}'" for name in FREE_DRAFTERS)
     + ", 'none', or several comma-separated."
 )
@@ -319,7 +319,10 @@ def say_calibrated(calibration) -> None:
         )
 
 
-def say_skipped(engine) -> None:
+def say_skipped(engine, draft_note: str = "") -> None:
+    """The drafters not loaded and why; draft_note: --draft auto's draft and why (Loaded.draft_note)."""
+    if draft_note:
+        click.echo(f"note: {draft_note}", err=True)
     for name, reason in engine.skipped_drafters.items():
         click.echo(f"note: drafter {name!r} {reason}", err=True)
 

@@ -99,7 +99,7 @@ def complete(
             calibration_progress=calibrating,
         )
     engine = loaded.engine
-    say_skipped(engine)
+    say_skipped(engine, loaded.draft_note)
     if not as_json:
         say_calibrated(loaded.calibration)
     built = fim_prompt(

@@ -151,7 +151,7 @@ def generate(
             calibration_progress=calibrating,
         )
     engine = loaded.engine
-    say_skipped(engine)
+    say_skipped(engine, loaded.draft_note)
     if not as_json:
         say_calibrated(loaded.calibration)
     messages = None

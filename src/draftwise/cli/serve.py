@@ -18,7 +18,7 @@ from draftwise.cli.common import (
     say_skipped,
 )
 from draftwise.errors import ConfigError
-from draftwise.loading import DEFAULT_SLOTS, load_engine
+from draftwise.loading import DEFAULT_SLOTS, load, load_engine
 from draftwise.server.access import Access
 from draftwise.server.serving import MAX_QUEUE
 from draftwise.types import SpeculationConfig
@@ -219,7 +219,7 @@ def _one_model_app(target, draft, options, speculation, datastore, model_name, m
     from draftwise.server import create_app
 
     with download_progress() as report, calibration_progress() as calibrating:
-        engine = load_engine(
+        loaded = load(
             target,
             draft,
             options=options,
@@ -228,7 +228,8 @@ def _one_model_app(target, draft, options, speculation, datastore, model_name, m
             datastore=datastore,
             calibration_progress=calibrating,
         )
-    say_skipped(engine)
+    engine = loaded.engine
+    say_skipped(engine, loaded.draft_note)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")
     app = create_app(engine, model_name or engine.target.name, max_queue=max_queue, **guards)
     if speculation.policy == "auto":  # the engine's cost model reads its curve now, not in a request

@@ -1,0 +1,185 @@
+"""Draft pairing (`--draft auto`): among the models the user has (draftwise.stores), the draft
+model the auto policy would gain most from with this target on this host, or none.
+
+Candidates are the GGUF models smaller than the target that fit in the memory left. Those of the
+target's own vocabulary (the GGUF headers' token lists equal: read, not loaded) come first; one
+of another vocabulary only where none of those can pay, and only where it shares enough of its
+tokens' texts to draft across vocabularies (drafters/crossvocab.py). Each is priced as the auto
+policy prices a draft model (policy.auto.draft_speedup at DRAFT_MODEL_PRIOR acceptance): from
+the calibrated costs, the draft's own cached curve where it was measured on this host, else the
+target's scaled by the draft's share of the target's weights (a one-token forward on a CPU reads
+every weight once). The best that beats MIN_GAIN is the draft; the note says which and why.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from draftwise import calibrate, stores
+from draftwise.calibrate import CostCurve
+from draftwise.drafters.crossvocab import MIN_SHARED
+from draftwise.gguf_header import read_header
+from draftwise.model_facts import available_memory, memory_needed
+from draftwise.policy.auto import DRAFT_MODEL_PRIOR, MIN_GAIN, draft_speedup
+
+AUTO = "auto"  # the name in a --draft list that pairing fills
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A model priced as a draft: its store name and file, whether it shares the target's
+    vocabulary, its share of the target's size, and the speedup (and k) at the prior acceptance."""
+
+    name: str
+    path: Path
+    same_vocabulary: bool
+    size_ratio: float
+    speedup: float
+    k: int
+    calibrated: bool  # its own cached cost curve (else scaled from the target's by size)
+
+    def why(self) -> str:
+        """Example: 'same vocabulary, 44% of the target's size; at 0.70 acceptance 1.31x on this host'."""
+        vocabulary = "same vocabulary" if self.same_vocabulary else "another vocabulary, drafted across"
+        cost = "calibrated" if self.calibrated else "its cost estimated from its size"
+        return (
+            f"{vocabulary}, {self.size_ratio:.0%} of the target's size; at {DRAFT_MODEL_PRIOR:.2f} acceptance "
+            f"{self.speedup:.2f}x on this host, {cost}"
+        )
+
+
+@dataclass(frozen=True)
+class Pairing:
+    """The draft picked (None: none can pay) and the one line that says which and why."""
+
+    draft: Candidate | None
+    note: str
+    priced: tuple[Candidate, ...] = ()  # every candidate priced, best first
+
+
+def token_texts(tokens: Sequence[str], model: str) -> set[str]:
+    """A GGUF token list's texts as text, comparable across tokenizer kinds: gpt2's byte-level
+    pieces decoded ("Ġthe" -> " the"), SentencePiece's word marks as spaces ("▁the" -> " the").
+    A piece that is not whole UTF-8 (part of a character) is left out."""
+    out = set()
+    if model == "gpt2":
+        byte_of = _gpt2_bytes()
+        for token in tokens:
+            try:
+                out.add(bytes(byte_of[c] for c in token).decode("utf-8"))
+            except KeyError:  # a character outside the byte alphabet: a control token's own text
+                out.add(token)
+            except UnicodeDecodeError:
+                continue
+        return out
+    return {t.replace("\u2581", " ") for t in tokens if not (t.startswith("<0x") and t.endswith(">"))}
+
+
+@functools.cache
+def _gpt2_bytes() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: the character each byte is written as -> the byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            chars[chr(byte)] = byte
+        else:
+            chars[chr(256 + extra)] = byte
+            extra += 1
+    return chars
+
+
+def _vocabulary(path: Path) -> tuple[list[str], str]:
+    meta = read_header(path).metadata
+    tokens = meta.get("tokenizer.ggml.tokens")
+    return (tokens if isinstance(tokens, list) else []), str(meta.get("tokenizer.ggml.model", ""))
+
+
+def pair_draft(
+    target_path: Path,
+    target_curve: CostCurve,
+    *,
+    threads: int,
+    n_ctx: int,
+    num_slots: int = 1,
+    discovery: stores.Discovery | None = None,
+    available: int | None = None,
+) -> Pairing:
+    """The draft for the target at target_path among the discovered models (stores.discover()
+    when None), priced against the target's calibrated curve; threads and n_ctx are the draft's
+    as it would be loaded (they key its cached curve)."""
+    discovery = discovery or stores.discover()
+    target_path = Path(target_path)
+    target = next((m for m in discovery.models if _same_file(m.path, target_path)), None)
+    target_size = target.facts.size_bytes if target and target.facts else target_path.stat().st_size
+    available = available_memory() if available is None else available
+    smaller = [
+        m
+        for m in discovery.models
+        if m.facts is not None
+        and m.facts.size_bytes < target_size
+        and not _same_file(m.path, target_path)
+        and (available is None or memory_needed(m.facts, n_ctx, num_slots) <= available)
+    ]
+    if not smaller:
+        return Pairing(
+            None,
+            "not loaded: none of your models is smaller than the target and fits in the memory left "
+            "(`draftwise models` lists them)",
+        )
+    target_tokens, target_model = _vocabulary(target_path)
+    target_texts: set[str] | None = None
+    priced: list[Candidate] = []
+    for same in (True, False):
+        for model in smaller:
+            tokens, kind = _vocabulary(model.path)
+            if (tokens == target_tokens) != same:
+                continue
+            if not same:
+                target_texts = target_texts if target_texts is not None else token_texts(target_tokens, target_model)
+                texts = token_texts(tokens, kind)
+                if len(texts & target_texts) < MIN_SHARED * max(1, len(tokens)):
+                    continue
+            priced.append(_price(model, same, target_size, target_curve, threads, n_ctx))
+        paying = [c for c in priced if c.same_vocabulary == same and c.speedup > MIN_GAIN]
+        if paying:
+            best = max(paying, key=lambda c: c.speedup)
+            return Pairing(best, f"draft: {best.name} ({best.why()})", _ranked(priced))
+    if not priced:
+        return Pairing(
+            None, f"not loaded: none of your {len(smaller)} smaller models shares enough of the target's vocabulary"
+        )
+    best = _ranked(priced)[0]
+    return Pairing(
+        None,
+        f"not loaded: no model of yours would pay as a draft on this host: the best, {best.name} ({best.why()}), "
+        f"is below the {MIN_GAIN:.2f}x the auto policy needs",
+        _ranked(priced),
+    )
+
+
+def _price(
+    model: stores.FoundModel, same: bool, target_size: int, target_curve: CostCurve, threads: int, n_ctx: int
+) -> Candidate:
+    stat = model.path.stat()
+    identity = f"{model.path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"  # as the llama.cpp backend's
+    curve = calibrate.cached_curve(identity, threads, n_ctx)
+    ratio = model.facts.size_bytes / target_size
+    if curve is None:
+        curve = CostCurve(((1, target_curve.ms(1) * ratio),), source="estimated")
+    speedup, k = draft_speedup(target_curve, curve, DRAFT_MODEL_PRIOR)
+    return Candidate(model.name, model.path, same, ratio, speedup, k, curve.source != "estimated")
+
+
+def _ranked(priced: Sequence[Candidate]) -> tuple[Candidate, ...]:
+    return tuple(sorted(priced, key=lambda c: (not c.same_vocabulary, -c.speedup)))
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or a.samefile(b)
+    except OSError:
+        return False
