@@ -39,6 +39,10 @@ class History:
         return History(self.tokens, self.num_prompt, self.extra, self.offset + i)
 
 
+# The largest logit a penalty may make (a float64's largest, so the softmax stays finite).
+_LOGIT_MAX = float(np.finfo(np.float64).max)
+
+
 def adjusted(logits: np.ndarray, params: SamplingParams, history: History | None) -> np.ndarray:
     """logits [n, V] with params' logit bias and penalties applied, row j given history's row j
     (llama.cpp's order: bias, repeat penalty, presence/frequency). Unchanged (the same array)
@@ -66,7 +70,10 @@ def adjusted(logits: np.ndarray, params: SamplingParams, history: History | None
                 seen = seen[-params.repeat_last_n :]
             ids = np.unique(np.asarray(seen, dtype=np.int64))
             values = row[ids]
-            row[ids] = np.where(values > 0, values / params.repeat_penalty, values * params.repeat_penalty)
+            with np.errstate(over="ignore"):
+                penalised = np.where(values > 0, values / params.repeat_penalty, values * params.repeat_penalty)
+            # NOTE: a tiny penalty (1e-310) would make a logit infinite, and the softmax NaN
+            row[ids] = np.clip(penalised, -_LOGIT_MAX, _LOGIT_MAX)
         if counting:
             ids, counts = np.unique(np.asarray([*generated, *extra], dtype=np.int64), return_counts=True)
             row[ids] -= params.frequency_penalty * counts + params.presence_penalty
@@ -79,9 +86,13 @@ def choose_greedy(logits: np.ndarray, params: SamplingParams, history: History |
 
 
 def softmax(logits: np.ndarray, temperature: float = 1.0) -> np.ndarray:
-    """Row-wise softmax in float64. logits [n, V] or [V] -> same shape."""
-    scaled = np.asarray(logits, dtype=np.float64) / temperature
+    """Row-wise softmax in float64. logits [n, V] or [V] -> same shape.
+    The maximum is subtracted before the division, so a tiny temperature (1e-310) gives the
+    one-hot of the argmax, its limit, instead of inf - inf = NaN."""
+    scaled = np.asarray(logits, dtype=np.float64)
     scaled = scaled - scaled.max(axis=-1, keepdims=True)
+    with np.errstate(over="ignore"):  # what overflows is -inf, whose exp is 0
+        scaled /= temperature
     np.exp(scaled, out=scaled)
     scaled /= scaled.sum(axis=-1, keepdims=True)
     return scaled
