@@ -242,7 +242,8 @@ def raw_exchange(url: str, data: bytes, patience_s: float = 30.0) -> tuple[bytes
 def test_a_negative_content_length_is_a_json_400(impatient):
     reply, _ = raw_exchange(
         impatient.url,
-        b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: -1\r\nContent-Type: application/json\r\n\r\n{}",
+        b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: -1\r\n"
+        b"Content-Type: application/json\r\n\r\n{}",
     )
     head, _, body = reply.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400") and b"application/json" in head.lower()

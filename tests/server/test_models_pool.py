@@ -311,3 +311,20 @@ def test_gguf_models_of_a_folder_answer_as_each_does_alone(tiny_gguf_dir, tmp_pa
         with pytest.raises(ollama.ResponseError, match="broken.gguf"):
             ol.generate(model="broken.gguf", prompt=prompt)
         assert client.completions.create(model="target.gguf", prompt=prompt, max_tokens=2).choices[0].text
+
+
+@pytest.mark.parametrize("keep_alive", ["banana", "1e400", "5 m", True, [1]])
+def test_a_keep_alive_that_is_no_duration_is_a_400(pooled, keep_alive):
+    body = {"model": "coder", "prompt": "x", "stream": False, "keep_alive": keep_alive}
+    reply = httpx.post(f"{pooled.url}/api/generate", json=body, timeout=30)
+    assert reply.status_code == 400 and reply.json()["error"].startswith("keep_alive: give a duration")
+    assert pooled.loads.count == {}
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("5m", 300.0), ("1h30m", 5400.0), ("-1", -1.0), (0, 0.0), ("300ms", 0.3), (12.5, 12.5)]
+)
+def test_keep_alive_durations_read_as_ollama_writes_them(text, seconds):
+    from draftwise.server.model_router import keep_alive_seconds
+
+    assert keep_alive_seconds(text) == pytest.approx(seconds)

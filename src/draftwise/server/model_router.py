@@ -10,6 +10,7 @@ responses) hold none, so listing the models never loads one.
 from __future__ import annotations
 
 import json
+import math
 import re
 
 from fastapi.responses import JSONResponse
@@ -35,14 +36,16 @@ def keep_alive_seconds(value: object) -> float | None:
     if isinstance(value, bool) or value is None:
         return None
     if isinstance(value, (int, float)):
-        return float(value) if value == value and abs(value) != float("inf") else None
+        return float(value) if math.isfinite(value) else None
     if not isinstance(value, str):
         return None
     text = value.strip()
     try:
-        return float(text)
+        seconds = float(text)
     except ValueError:
         pass
+    else:
+        return seconds if math.isfinite(seconds) else None
     sign = -1.0 if text.startswith("-") else 1.0
     text = text.lstrip("+-")
     parts = _DURATION_PART.findall(text)
@@ -52,7 +55,8 @@ def keep_alive_seconds(value: object) -> float | None:
 
 
 def _requested(path: str, body: bytes) -> tuple[str | None, float | None]:
-    """The body's model name (Ollama's /api/show and /api/pull also say `name`) and keep_alive."""
+    """The body's model name (Ollama's /api/show and /api/pull also say `name`) and keep_alive.
+    Raises APIError for a keep_alive that is no duration (it would decide when a model unloads)."""
     try:
         data = json.loads(body) if body else None
     except (ValueError, RecursionError):
@@ -62,7 +66,15 @@ def _requested(path: str, body: bytes) -> tuple[str | None, float | None]:
     name = data.get("model")
     if not name and path in ("/api/show", "/api/pull"):
         name = data.get("name")
-    return (name if isinstance(name, str) else None), keep_alive_seconds(data.get("keep_alive"))
+    keep_alive = keep_alive_seconds(data.get("keep_alive"))
+    if keep_alive is None and data.get("keep_alive") is not None:
+        raise APIError(
+            400,
+            'keep_alive: give a duration such as "5m", "1h30m", 300 (seconds), 0 (unload now) or -1 (keep)',
+            param="keep_alive",
+            code="invalid_value",
+        )
+    return (name if isinstance(name, str) else None), keep_alive
 
 
 class ModelRouter:
@@ -88,7 +100,11 @@ class ModelRouter:
                 return
             body += message.get("body", b"")
             complete = not message.get("more_body", False)
-        name, keep_alive_s = _requested(scope["path"], body)
+        try:
+            name, keep_alive_s = _requested(scope["path"], body)
+        except APIError as error:
+            await self._reply(error, scope, send)
+            return
         served = self.pool.resolve(name)
         replayed = False
 
