@@ -328,3 +328,30 @@ def test_keep_alive_durations_read_as_ollama_writes_them(text, seconds):
     from draftwise.server.model_router import keep_alive_seconds
 
     assert keep_alive_seconds(text) == pytest.approx(seconds)
+
+
+RAW_VALUES = ["1e400", "NaN", '"\\ud800x"', str(2**70), "[]", "{}", "null", "true", '"x" ']
+ROUTED = [
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/api/generate",
+    "/api/chat",
+    "/api/show",
+    "/v1/messages",
+    "/infill",
+]
+
+
+@pytest.mark.parametrize("path", ROUTED)
+def test_the_router_answers_any_model_and_keep_alive_without_a_5xx(pooled, path):
+    """What the router reads itself (`model`, `keep_alive`), as raw JSON a fuzz would send."""
+    for field in ("model", "keep_alive", "name"):
+        for value in RAW_VALUES:
+            others = '"model": "coder", ' if field != "model" else ""
+            body = f'{{{others}"{field}": {value}, "prompt": "x", "messages": [], "max_tokens": 1}}'
+            reply = httpx.post(
+                f"{pooled.url}{path}", content=body.encode(), headers={"content-type": "application/json"}, timeout=30
+            )
+            assert reply.status_code < 500, (field, value, reply.text)
+    ok = httpx.post(f"{pooled.url}/v1/completions", json={"model": "coder", "prompt": "x", "max_tokens": 2}, timeout=30)
+    assert ok.status_code == 200
