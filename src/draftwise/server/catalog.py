@@ -71,7 +71,9 @@ def chosen(spec: str, default: str, extra_dirs: Sequence[str | Path] = ()) -> li
     return out
 
 
-def _details(served: Served) -> dict:
+def _details(served: Served, n_ctx: int) -> dict:
+    """Ollama's details of a model, and what /api/show tells before it is loaded: the window it
+    will be served with (n_ctx, at most its trained one)."""
     facts = served.facts
     if facts is None:
         return {"format": "gguf"}
@@ -81,7 +83,7 @@ def _details(served: Served) -> dict:
         "family": facts.architecture,
         "parameter_size": facts.size_label or f"{facts.num_params / 1e9:.1f}B",
         "quantization_level": facts.quantisation,
-        "context_length": facts.context_length or 0,
+        "context_length": min(n_ctx, facts.context_length or n_ctx),
         "capabilities": capabilities,
     }
 
@@ -106,7 +108,7 @@ def sources(
                 load=(lambda spec=spec: load(spec)) if s.problem is None else _refuse(s.problem),
                 memory_bytes=memory,
                 size_bytes=size,
-                details=_details(s),
+                details=_details(s, n_ctx),
             )
         )
     return out
