@@ -62,12 +62,14 @@ from draftwise.policy.auto import MAX_K
 )
 @click.option(
     "--prices",
-    type=click.Choice(["calibration", "run"]),
+    type=click.Choice(["calibration", "run", "corrected"]),
     default="calibration",
     show_default=True,
     help="What forwards cost in the replay and its optimum: the cost curve's (calibration), or the curve scaled "
     "per size of forward by what RESULTS' own forwards took (run: the machine as it was during the run; the "
-    "policy still starts from the curve and learns the difference, as live).",
+    "policy still starts from the curve and learns the difference, as live), or the curve corrected by the "
+    "prices the host's live runs learnt, kept beside the calibration file --curve names (corrected: what a "
+    "live policy starts from; it believes them too).",
 )
 @click.option("--oracle", is_flag=True, help="Also show each set's hindsight optimum and the share the policy takes.")
 @click.option(
@@ -116,6 +118,8 @@ def replay(
             "replaying a prompt file's references needs --curve (a calibration file or a run's results.json)"
         )
     curve = bench_replay.calibrated_curve(json.loads(Path(curve_path).read_text()) if curve_path else results)
+    if prices == "corrected":
+        curve = _corrected(curve, curve_path)
     priced = bench_account.run_prices(results, curve) if prices == "run" else None
     meta = (results or {}).get("meta", {})
     path = Path(results_path or prompts_path)
@@ -185,7 +189,8 @@ def replay(
             + ", ".join(f"{f:.2f} at {n:g} rows" for n, f in priced.factors)
             if priced is not None
             else ""
-        ),
+        )
+        + (f"; corrected by the host's runs, {_factors_text(curve)}" if prices == "corrected" else ""),
     )
     table.add_column("category")
     for name in drafter_sets:
@@ -305,3 +310,28 @@ def _gap_table(rows):
             f"{r['oracle_mean_drafted']:.1f}",
         )
     return table
+
+
+def _corrected(curve, curve_path):
+    """The calibration file's curve corrected by the prices kept beside it (policy.prices)."""
+    from draftwise.policy.prices import CorrectedCurve, PriceBook, prices_file
+
+    book_path = prices_file(Path(curve_path)) if curve_path else None
+    if book_path is None or not book_path.is_file():
+        raise ConfigError(
+            "--prices corrected needs --curve naming a calibration file with the prices its host's runs "
+            f"learnt beside it ({book_path or '<curve>.prices.json'})"
+        )
+    book = PriceBook.load(book_path, curve)
+    if not book.priors:
+        raise ConfigError(f"{book_path} corrects another curve (or an older version): the host calibrated again")
+    return CorrectedCurve.of(curve, book)
+
+
+def _factors_text(curve) -> str:
+    """'1.12 at 33-64 rows up to 1,024 tokens, ...' for a corrected curve's caption."""
+
+    def rows(r: int) -> str:
+        return f"{r}" if r <= 2 else f"{r // 2 + 1}-{r}"
+
+    return ", ".join(f"{f:.2f} at {rows(r)} rows up to {c:,} tokens" for (r, c), f in sorted(curve.book.priors.items()))
