@@ -278,21 +278,32 @@ def test_an_unknown_target_through_the_cli(env):
 
 
 # ---------------------------------------------------------------------- the server
-@pytest.mark.parametrize("target", ["qwen-tiny:1b", "someone/gemma-tiny:latest"])
+@pytest.mark.parametrize(
+    "target",
+    [
+        "qwen-tiny:1b",  # Ollama's
+        "someone/gemma-tiny:latest",
+        "lmstudio-community/Llama3-Tiny-GGUF/llama3-tiny-Q8_0.gguf",  # LM Studio's
+        "tiny-org/Base-Tiny-GGUF/base-tiny.gguf",  # the hub's: no template, so a plain completion
+    ],
+)
 def test_a_store_model_answers_through_the_server(env, target):
     from draftwise.server import create_app
     from tests.server.conftest import LiveServer
 
     engine = load_engine(target, "ngram", options=LoadOptions(n_ctx=256, threads=1))
+    chat = "base-tiny" not in target
     try:
         with LiveServer(engine, app=create_app(engine, target)) as live:
-            reply = httpx.post(
-                f"{live.url}/v1/chat/completions",
-                json={"model": target, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
-                timeout=60,
-            )
+            body = {"model": target, "max_tokens": 4}
+            body |= {"messages": [{"role": "user", "content": "hi"}]} if chat else {"prompt": "hi"}
+            route = "/v1/chat/completions" if chat else "/v1/completions"
+            reply = httpx.post(f"{live.url}{route}", json=body, timeout=60)
+            models = httpx.get(f"{live.url}/v1/models", timeout=60).json()
         assert reply.status_code == 200, reply.text
-        assert reply.json()["choices"][0]["message"]["role"] == "assistant"
+        assert [m["id"] for m in models["data"]] == [target]
+        if chat:
+            assert reply.json()["choices"][0]["message"]["role"] == "assistant"
         assert reply.json()["usage"]["completion_tokens"] >= 1
     finally:
         engine.target.close()
