@@ -24,7 +24,7 @@ from draftwise.server.serving import Job
 from draftwise.server.state import State, Tenant
 from draftwise.server.streams import messages_reply
 
-_ERRORS = {status: {"model": m.ErrorResponse} for status in (400, 401, 404, 413, 500, 529)}
+_ERRORS = {status: {"model": m.ErrorResponse} for status in (400, 401, 403, 404, 413, 415, 500, 503, 529)}
 _STREAM_RESPONSE = {
     "content": {"text/event-stream": {"schema": {"type": "string"}}},
     "description": "A message, or Anthropic's server-sent events when `stream` is true.",

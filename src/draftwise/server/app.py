@@ -165,4 +165,22 @@ def _app(metrics: ServerMetrics, guards: _Guards, *, on_stop, on_start=None, rou
     app.include_router(page_routes.router)
     app.include_router(anthropic_routes.router)
     responses_routes.mount(app)
+    app.openapi = _without_422(app)
     return app
+
+
+def _without_422(app: FastAPI):
+    """app.openapi without FastAPI's 422 answers: a body that fails validation is a 400 in each
+    protocol's own shape (errors.install), which every route's `responses` already describes."""
+    default = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = default()
+            for path in schema.get("paths", {}).values():
+                for operation in path.values():
+                    operation.get("responses", {}).pop("422", None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    return openapi

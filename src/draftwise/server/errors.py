@@ -41,6 +41,10 @@ BODY_TIMEOUT_S = 60.0
 HEADER_TIMEOUT_S = 10.0
 
 
+# The statuses an OpenAI-shaped route may answer with its error JSON (its OpenAPI `responses`).
+ERROR_STATUSES = {status: {"model": p.ErrorResponse} for status in (400, 401, 403, 404, 408, 413, 415, 500, 503)}
+
+
 class APIError(Exception):
     """An error answered with OpenAI's error JSON."""
 

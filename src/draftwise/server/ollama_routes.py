@@ -31,7 +31,7 @@ from draftwise.server.serving import Job
 from draftwise.server.state import Pool, State, Tenant, server_state
 from draftwise.server.streams import ndjson_response, ollama_reply
 
-_ERRORS = {status: {"model": o.ErrorResponse} for status in (400, 401, 404, 413, 500, 503)}
+_ERRORS = {status: {"model": o.ErrorResponse} for status in (400, 401, 403, 404, 413, 415, 500, 503)}
 _STREAM_RESPONSE = {
     "content": {"application/x-ndjson": {"schema": {"type": "string"}}},
     "description": "NDJSON (one object per line) unless `stream` is false: then one object.",

@@ -19,7 +19,7 @@ from fastapi.responses import Response
 from draftwise.server import choices, pool_answers, translate
 from draftwise.server import protocol as p
 from draftwise.server.answers import ChatAnswer, CompletionAnswer
-from draftwise.server.errors import APIError, openai_refusal
+from draftwise.server.errors import ERROR_STATUSES, APIError, openai_refusal
 from draftwise.server.serving import Job
 from draftwise.server.state import Operator, Pool, State, Tenant, server_state
 from draftwise.server.streams import openai_reply
@@ -27,7 +27,6 @@ from draftwise.server.tools import chat_tools
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions endpoint
 
-ERROR_STATUSES = {status: {"model": p.ErrorResponse} for status in (400, 401, 403, 404, 408, 413, 500, 503)}
 _STREAM_RESPONSE = {
     "content": {"text/event-stream": {"schema": {"type": "string"}}},
     "description": "JSON, or server-sent events when `stream` is true.",

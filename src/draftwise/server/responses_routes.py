@@ -24,7 +24,7 @@ from draftwise.server.state import State, Tenant
 from draftwise.server.streams import responses_reply
 from draftwise.server.tools import chat_tools
 
-_ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 403, 404, 408, 413, 500, 503)}
+_ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 403, 404, 408, 413, 415, 500, 503)}
 _STREAM_RESPONSE = {
     "content": {"text/event-stream": {"schema": {"type": "string"}}},
     "description": "The response object, or its server-sent events when `stream` is true.",

@@ -12,7 +12,7 @@ import asyncio
 from fastapi import APIRouter
 from pydantic import ConfigDict, Field
 
-from draftwise.server.errors import APIError
+from draftwise.server.errors import ERROR_STATUSES, APIError
 from draftwise.server.fields import WireModel
 from draftwise.server.state import State
 
@@ -36,7 +36,7 @@ class DetokenizeRequest(WireModel):
     tokens: list[int] = Field(default_factory=list)
 
 
-@router.post("/tokenize", tags=["llama.cpp"])
+@router.post("/tokenize", tags=["llama.cpp"], responses=ERROR_STATUSES)
 async def tokenize(body: TokenizeRequest, state: State) -> dict:
     tokenizer = state.engine.tokenizer
     text = body.content if body.content is not None else body.prompt
@@ -49,7 +49,7 @@ async def tokenize(body: TokenizeRequest, state: State) -> dict:
     return {"tokens": [{"id": t, "piece": tokenizer.decode([t])} for t in ids]}
 
 
-@router.post("/detokenize", tags=["llama.cpp"])
+@router.post("/detokenize", tags=["llama.cpp"], responses=ERROR_STATUSES)
 async def detokenize(body: DetokenizeRequest, state: State) -> dict:
     vocab_size = state.engine.target.vocab_size
     bad = next((t for t in body.tokens if not 0 <= t < vocab_size), None)
