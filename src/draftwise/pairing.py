@@ -21,6 +21,7 @@ from pathlib import Path
 from draftwise import calibrate, stores
 from draftwise.calibrate import CostCurve
 from draftwise.drafters.crossvocab import MIN_SHARED
+from draftwise.errors import ModelError
 from draftwise.gguf_header import read_header
 from draftwise.model_facts import available_memory, memory_needed
 from draftwise.policy.auto import DRAFT_MODEL_PRIOR, MIN_GAIN, draft_speedup
@@ -183,3 +184,44 @@ def _same_file(a: Path, b: Path) -> bool:
         return a.resolve() == b.resolve() or a.samefile(b)
     except OSError:
         return False
+
+
+@dataclass(frozen=True)
+class Compatible:
+    """A model that could draft for another: smaller, of its vocabulary or sharing enough of it."""
+
+    name: str
+    same_vocabulary: bool
+
+
+def compatible_drafts(found: Sequence[stores.FoundModel]) -> dict[str, list[Compatible]]:
+    """For each usable model, the others that could draft for it (what `draftwise models` lists):
+    smaller, with the same GGUF token list, else sharing at least MIN_SHARED of their token texts
+    (cross-vocabulary drafting); the same vocabulary first, then by size. Each header is read once."""
+    usable = sorted((m for m in found if m.facts is not None), key=lambda m: m.facts.size_bytes)
+    vocab: dict[Path, tuple[list[str], str]] = {}
+    texts: dict[Path, set[str]] = {}
+    for m in usable:
+        try:
+            vocab[m.path] = _vocabulary(m.path)
+        except (ModelError, OSError):
+            vocab[m.path] = ([], "")
+    out: dict[str, list[Compatible]] = {}
+    for target in usable:
+        target_tokens, target_kind = vocab[target.path]
+        drafts = []
+        for draft in usable:
+            if draft.facts.size_bytes >= target.facts.size_bytes or not target_tokens:
+                continue
+            tokens, kind = vocab[draft.path]
+            if tokens == target_tokens:
+                drafts.append(Compatible(draft.name, True))
+                continue
+            if draft.path not in texts:
+                texts[draft.path] = token_texts(tokens, kind)
+            if target.path not in texts:
+                texts[target.path] = token_texts(target_tokens, target_kind)
+            if len(texts[draft.path] & texts[target.path]) >= MIN_SHARED * max(1, len(tokens)):
+                drafts.append(Compatible(draft.name, False))
+        out[target.name] = sorted(drafts, key=lambda c: not c.same_vocabulary)
+    return out

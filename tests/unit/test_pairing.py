@@ -119,3 +119,20 @@ def test_the_cli_says_which_draft_in_one_line(home, monkeypatch):
     assert result.exit_code == 0, result.output
     notes = [line for line in result.output.splitlines() if line.startswith("note: draft: ")]
     assert len(notes) == 1 and "same-small.gguf (same vocabulary" in notes[0]
+
+
+def test_draftwise_models_lists_each_models_compatible_drafts(home):
+    """The drafts column: smaller models of the same vocabulary first, then another vocabulary's
+    (cross-vocabulary drafting); none for the smallest."""
+    found = stores.discover(stores.StoreRoots.from_environment([home])).models
+    drafts = pairing.compatible_drafts(found)
+    assert drafts["target.gguf"] == [
+        pairing.Compatible("same-small.gguf", True),
+        pairing.Compatible("other-tiny.gguf", False),
+    ]
+    assert [d.name for d in drafts["same-large.gguf"]][:2] == ["same-small.gguf", "target.gguf"]
+    assert drafts["other-tiny.gguf"] == []
+    result = CliRunner().invoke(main, ["models", "--json", "--models-dir", str(home)])
+    assert result.exit_code == 0, result.output
+    rows = {row["name"]: row for row in json.loads(result.output)["models"]}
+    assert rows["target.gguf"]["drafts"][0] == {"name": "same-small.gguf", "same_vocabulary": True}

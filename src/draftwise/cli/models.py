@@ -22,7 +22,20 @@ from draftwise.cli.common import (
 )
 from draftwise.loading import LoadOptions, load_backend
 
-COLUMNS = ("name", "store", "family", "params", "quant", "size", "vocab", "context", "template", "tools", "FIM")
+COLUMNS = (
+    "name",
+    "store",
+    "family",
+    "params",
+    "quant",
+    "size",
+    "vocab",
+    "context",
+    "template",
+    "tools",
+    "FIM",
+    "drafts",
+)
 NUMERIC_COLUMNS = ("params", "size", "vocab", "context")
 
 
@@ -57,10 +70,15 @@ def _registry_rows(found) -> list[dict]:
 def list_models(as_json: bool) -> None:
     """The models you have: draftwise's cache, Ollama's and LM Studio's stores, the Hugging Face
     and llama.cpp caches, and --models-dir folders, each read in place. --target takes their names."""
+    from draftwise.pairing import compatible_drafts
     from draftwise.stores import StoreRoots, discover
 
     found = discover(StoreRoots.from_environment(models_dirs()))
+    drafts = compatible_drafts(found.models)
     rows = [m.as_json() for m in found.models] + _registry_rows(found.models)
+    for row in rows:
+        if row["name"] in drafts:
+            row["drafts"] = [{"name": d.name, "same_vocabulary": d.same_vocabulary} for d in drafts[row["name"]]]
     if as_json:
         click.echo(
             json.dumps(
@@ -74,6 +92,12 @@ def list_models(as_json: bool) -> None:
         )
         return
     _print_table(rows, found)
+
+
+def _drafts_text(drafts) -> str:
+    """The models that could draft for a row's: those of another vocabulary marked (cross-vocabulary).
+    Example: [{"name": "a", "same_vocabulary": True}, {"name": "b", ...False}] -> "a, b (cross)"."""
+    return ", ".join(d["name"] + ("" if d["same_vocabulary"] else " (cross)") for d in drafts) or "-"
 
 
 def _print_table(rows: list[dict], found) -> None:
@@ -90,7 +114,7 @@ def _print_table(rows: list[dict], found) -> None:
     for row in rows:
         if row["store"] == "registry":
             note = f"not pulled yet (draftwise pull {row['name']})"
-            table.add_row(row["name"], row["store"], note, "", "", format_bytes(row["size_bytes"]), *[""] * 5)
+            table.add_row(row["name"], row["store"], note, "", "", format_bytes(row["size_bytes"]), *[""] * 6)
             continue
         if "problem" in row:
             continue  # listed under the table: the message names the file
@@ -106,8 +130,9 @@ def _print_table(rows: list[dict], found) -> None:
             row["chat_template"],
             row["tool_format"] or "-",
             "yes" if row["fim"] else "-",
+            _drafts_text(row.get("drafts", ())),
         )
-    console = Console(width=None if sys.stdout.isatty() else 200)
+    console = Console(width=None if sys.stdout.isatty() else 400)  # piped: a line a model, unfolded
     console.print(table)
     for row in rows:
         if "problem" in row:
