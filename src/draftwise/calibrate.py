@@ -43,9 +43,10 @@ QUICK_POINTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 MAX_N = 64  # the largest forward timed by default (the auto policy asks for MAX_K + 1)
 # Timings per forward size: a thorough run times every size up to max_n, a quick one QUICK_POINTS.
 QUICK_REPEATS, THOROUGH_REPEATS = 3, 5
-# 2: timed at several contexts (growth); 3: one row's growth fitted apart, the timings kept.
-# Curves of an older version are measured again.
-CACHE_VERSION = 3
+# 2: timed at several contexts (growth); 3: one row's growth fitted apart, the timings kept;
+# 4: contexts timed up and down again (a host's drift was fitted as growth). Curves of an
+# older version are measured again.
+CACHE_VERSION = 4
 # The context lengths timed (those with room for the largest forward in the window). 8,192 is
 # timed only in windows that hold it: a growth fitted over 256-2,048 alone is extrapolated ten
 # times its range at 16k-32k (docs/long-context.md compares both with measured forwards). It
@@ -293,9 +294,13 @@ def measure_grid(
     progress: Progress | None = None,
 ) -> CostCurve:
     """Time every size at every context, keep the fastest of `repeats` rounds per (context, size),
-    and fit them (fit_grid). Contexts in ascending order, all rounds at one before the cache grows
-    to the next: the context is read once, not once per round (which multiplies the time a long
-    context costs), and a burst of load that slows one round is dropped by the minimum."""
+    and fit them (fit_grid). Contexts up in ascending order, then down again: half the rounds at
+    each as the cache grows to the next, the other half as it is cut back (a truncation). The
+    context is read once, not once per round (which multiplies the time a long context costs);
+    a burst of load that slows one round is dropped by the minimum; and a host that slows down
+    or speeds up while it is measured shifts the shortest and the longest context alike, where
+    timing each context's rounds in turn fitted that change as growth with context, which
+    counts n times for n rows (docs/bench/live-prices)."""
     points = sorted({n for n in points if 1 <= n <= max_n} | {1})
     contexts = sorted(set(contexts or contexts_for(backend, max(points))))
     ids = _context_ids(contexts[-1], backend.vocab_size)
@@ -309,10 +314,12 @@ def measure_grid(
         backend.prefill(ids[: contexts[0]])
         backend.extend(ids[:1])  # warm-up
         backend.truncate(contexts[0])
-        for c in contexts:
+        up = (max(1, repeats) + 1) // 2
+        for c, num in [(c, up) for c in contexts] + [(c, max(1, repeats) - up) for c in reversed(contexts)]:
             if backend.num_cached < c:
                 backend.prefill(ids[backend.num_cached : c])
-            for _ in range(max(1, repeats)):
+            backend.truncate(c)
+            for _ in range(num):
                 _time_sizes(backend, points, c, times[c])
                 done += 1
                 if progress is not None:
