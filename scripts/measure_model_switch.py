@@ -65,6 +65,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--max-memory", type=float, default=None, help="the pool's budget in GiB (default: none)")
     args = parser.parse_args()
     options = LoadOptions(n_ctx=2048, threads=args.threads, slots=1)
     speculation = SpeculationConfig(policy="fixed", max_draft_tokens=4)
@@ -77,7 +78,8 @@ def main() -> None:
         n_ctx=options.n_ctx,
         num_slots=1,
     )
-    app = create_pool_app(sources, keep_alive_s=-1)
+    budget = int(args.max_memory * 2**30) if args.max_memory else None
+    app = create_pool_app(sources, keep_alive_s=-1, budget_bytes=budget)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **uvicorn_options()))
     threading.Thread(target=server.run, daemon=True).start()
@@ -88,13 +90,14 @@ def main() -> None:
     base = rss_bytes()
     for i in ORDER:
         name = MODELS[i]
-        kind = "warm" if name in loaded else "cold"
+        held = {m["name"].removesuffix(":latest") for m in httpx.get(f"{url}/api/ps").json()["models"]}
+        kind = "loaded" if name in held else "reload" if name in loaded else "cold"
         ttft, total = first_token(url, name)
         loaded.add(name)
         row = {"model": name, "kind": kind, "ttft_s": round(ttft, 3), "total_s": round(total, 3)}
         row["rss_gib"] = round(rss_bytes() / 2**30, 2)
         rows.append(row)
-        print(f"{name:32s} {kind:5s} first token {ttft:7.3f} s  answer {total:7.3f} s  RSS {row['rss_gib']:.2f} GiB")
+        print(f"{name:32s} {kind:6s} first token {ttft:7.3f} s  answer {total:7.3f} s  RSS {row['rss_gib']:.2f} GiB")
     ps = httpx.get(f"{url}/api/ps").json()["models"]
     held = {m["name"]: round(m["size"] / 2**30, 2) for m in ps}
     print(
@@ -106,6 +109,7 @@ def main() -> None:
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         meta = {"host": platform.processor() or platform.machine(), "cpus": os.cpu_count(), "models": MODELS}
+        meta["max_memory_gib"] = args.max_memory
         meta["load_avg"] = os.getloadavg()
         args.out.write_text(json.dumps({"meta": meta, "rows": rows, "estimated_gib": held}, indent=1) + "\n")
 
