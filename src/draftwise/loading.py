@@ -24,6 +24,7 @@ from draftwise.drafters.calls import CallsDrafter
 from draftwise.drafters.crossvocab import PROMPT_MODES, CrossVocabDrafter, VocabMap, shared_vocabulary
 from draftwise.drafters.grammar import GrammarDrafter
 from draftwise.drafters.prediction import PredictionDrafter
+from draftwise.drafters.stringlevel import DRAFT_LEVELS
 from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.engine import Engine, TokenizerMismatchError, check_tokenizers
 from draftwise.policy.auto import DRAFT_MODEL_PRIOR, MIN_GAIN, draft_speedup
@@ -48,6 +49,7 @@ class LoadOptions:
     n_seq_max: int = 1  # llama.cpp sequences for token-tree verification (target only)
     slots: int = 1  # requests decoded together (continuous batching); 0: the backend's default
     draft_prompt: str = "template"  # a draft of another vocabulary: crossvocab.PROMPT_MODES
+    draft_level: str = "auto"  # a draft of another vocabulary: stringlevel.DRAFT_LEVELS
     chat_template: str | None = None  # llama.cpp: a built-in template's name or a Jinja file (the GGUF's own: None)
     models_dirs: tuple[str, ...] = ()  # folders of GGUF files to find models in, beside the stores
 
@@ -68,6 +70,8 @@ class LoadOptions:
             raise ConfigError("token trees (--branches > 1) and parallel slots cannot be combined")
         if self.draft_prompt not in PROMPT_MODES:
             raise ConfigError(f"draft_prompt must be one of {', '.join(PROMPT_MODES)}, got {self.draft_prompt!r}")
+        if self.draft_level not in DRAFT_LEVELS:
+            raise ConfigError(f"draft_level must be one of {', '.join(DRAFT_LEVELS)}, got {self.draft_level!r}")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ConfigError(f"ngram sizes need 1 <= min <= max, got {self.ngram_min}..{self.ngram_max}")
 
@@ -254,7 +258,13 @@ def model_drafter(target: Backend, draft: Backend, vocab: VocabMap | None, optio
     if vocab is None:
         return ModelDrafter(draft, name="draft")
     return CrossVocabDrafter(
-        draft, target.tokenizer, target.vocab_size, name="draft", prompt_mode=options.draft_prompt, vocab=vocab
+        draft,
+        target.tokenizer,
+        target.vocab_size,
+        name="draft",
+        prompt_mode=options.draft_prompt,
+        vocab=vocab,
+        draft_level=options.draft_level,
     )
 
 

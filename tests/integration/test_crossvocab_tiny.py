@@ -45,9 +45,10 @@ def test_the_shared_vocabulary_of_the_tiny_models(engine):
 
 
 @pytest.mark.parametrize("k", [1, 2, 5])
-@pytest.mark.parametrize("prompt_mode", ["template", "plain"])
-def test_greedy_equivalence_across_vocabularies_tiny(engine, k, prompt_mode):
+@pytest.mark.parametrize(("prompt_mode", "level"), [("template", "token"), ("plain", "token"), ("template", "string")])
+def test_greedy_equivalence_across_vocabularies_tiny(engine, k, prompt_mode, level):
     engine.drafters[0].prompt_mode = prompt_mode
+    engine.drafters[0].draft_level = level
     sampling = SamplingParams(max_tokens=40, ignore_eos=True)
     num_drafted = 0
     for prompt in PROMPTS:

@@ -36,8 +36,9 @@ SETTINGS = [
 ]
 
 
-def make_drafter(cls=None):
-    return (cls or CrossVocabDrafter)(ToyBackend(DRAFT, tokenizer=DRAFT_TOK), TARGET_TOK, 6, name="draft")
+def make_drafter(cls=None, level="token"):
+    backend = ToyBackend(DRAFT, tokenizer=DRAFT_TOK)
+    return (cls or CrossVocabDrafter)(backend, TARGET_TOK, 6, name="draft", draft_level=level)
 
 
 def first_tokens(params, feed=None, num_samples=NUM_STEP_SAMPLES):
@@ -127,5 +128,30 @@ class WronglyMapped(CrossVocabDrafter):
 def test_a_wrongly_mapped_draft_distribution_fails_the_sequence_check():
     params = SamplingParams(temperature=1.0)
     counts = sample_answers(make_drafter(WronglyMapped), params)
+    with pytest.raises(AssertionError):
+        check(counts, exact_joint(params))
+
+
+# ---------------------------------------------------------------------------- string level
+def test_string_drafts_follow_the_target_joint():
+    """The draft's own text ("ab", "dd" included) re-encoded and verified as a deterministic draft."""
+    params = SamplingParams(temperature=1.0)
+    check(sample_answers(make_drafter(level="string"), params, num_samples=6000, k=3), exact_joint(params))
+
+
+class Overclaimed(CrossVocabDrafter):
+    """Tells the verifier its string draft had probability 1/2 (not 1): each token is then
+    accepted with min(1, 2 target(x)), too often."""
+
+    def propose(self, context, max_tokens, grammar=None):
+        draft = super().propose(context, max_tokens, grammar)
+        rows = np.full((len(draft), 6), 0.1)
+        rows[np.arange(len(draft)), list(draft.token_ids)] = 0.5
+        return Draft(draft.token_ids, rows if len(draft) else None, source=draft.source)
+
+
+def test_an_overclaimed_string_draft_fails_the_sequence_check():
+    params = SamplingParams(temperature=1.0)
+    counts = sample_answers(make_drafter(Overclaimed, level="string"), params, num_samples=6000, k=3)
     with pytest.raises(AssertionError):
         check(counts, exact_joint(params))

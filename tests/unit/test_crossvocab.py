@@ -68,7 +68,7 @@ def test_a_bad_prompt_mode_is_refused():
 def test_no_token_outside_the_shared_vocabulary_is_ever_drafted(sampling):
     """The draft puts most of its mass on its own tokens ("ab", "dd", " a", ...), yet every
     proposal is a shared token, and every draft row is a distribution over the shared ones."""
-    d = CrossVocabDrafter(draft_backend(seed=9, sharpness=4.0), TARGET_TOK, 10)
+    d = CrossVocabDrafter(draft_backend(seed=9, sharpness=4.0), TARGET_TOK, 10, draft_level="token")
     shared = set(d.vocab.target_ids.tolist())
     assert shared == set(range(1, 10))  # every character; EOS has no text
     outside = ~np.isin(np.arange(10), list(shared))
@@ -97,10 +97,10 @@ class RecordingTokenizer(PieceTokenizer):
         return super().encode(text, **kwargs)
 
 
-def run_recorded(pieces, k=3, max_tokens=80):
+def run_recorded(pieces, k=3, max_tokens=80, level="token"):
     tokenizer = RecordingTokenizer(pieces)
     model = ToyModel(vocab_size=len(pieces) + 1, order=1, seed=4, sharpness=2.0)
-    d = CrossVocabDrafter(ToyBackend(model, tokenizer=tokenizer), TARGET_TOK, 10, reencode_tokens=2)
+    d = CrossVocabDrafter(ToyBackend(model, tokenizer=tokenizer), TARGET_TOK, 10, reencode_tokens=2, draft_level=level)
     engine = Engine(ToyBackend(TARGET, tokenizer=TARGET_TOK), [d])
     prompt = [1, 2, 6, 1, 3, 7, 7, 1]
     spec = SpeculationConfig(policy="fixed", max_draft_tokens=k)
@@ -167,14 +167,17 @@ def test_the_prompt_in_the_drafts_template_or_as_a_transcript():
     assert draft.decode(draft_prompt(target, draft, text, "template", parts)) == "just text"
 
 
-def make_engine(slots=1):
-    d = CrossVocabDrafter(draft_backend(slots=slots), TARGET_TOK, TARGET_TOK.vocab_size, name="draft")
+def make_engine(slots=1, level="token"):
+    d = CrossVocabDrafter(
+        draft_backend(slots=slots), TARGET_TOK, TARGET_TOK.vocab_size, name="draft", draft_level=level
+    )
     return Engine(ToyBackend(TARGET, slots=slots, tokenizer=TARGET_TOK), [d])
 
 
+@pytest.mark.parametrize("level", ["token", "string"])
 @pytest.mark.parametrize("k", [1, 2, 3, 5])
-def test_greedy_equivalence_across_vocabularies(k):
-    engine = make_engine()
+def test_greedy_equivalence_across_vocabularies(k, level):
+    engine = make_engine(level=level)
     spec = SpeculationConfig(policy="fixed", max_draft_tokens=k)
     num_drafted = num_accepted = 0
     for prompt in PROMPTS:
@@ -203,6 +206,7 @@ def test_a_twin_over_another_vocabulary_is_accepted_whole():
         TARGET_TOK,
         10,
         vocab=vocab,
+        draft_level="token",
     )
     engine = Engine(ToyBackend(TARGET, tokenizer=TARGET_TOK), [d])
     prompt = [1, 6, 2, 6, 3]  # "a b c": the toy target reads the last two tokens only

@@ -20,6 +20,7 @@ import numpy as np
 from draftwise.backends.base import Backend, Tokenizer, common_prefix_length, encode_chat, num_slots
 from draftwise.constraints import masked
 from draftwise.drafters.model import ModelDrafter
+from draftwise.drafters.stringlevel import DRAFT_LEVELS, propose_string
 from draftwise.errors import TokenizerMismatchError
 from draftwise.sampling import History, choose_greedy, distribution, sample, softmax
 from draftwise.types import ConfigError, Draft, SamplingParams, SpeculationConfig
@@ -243,7 +244,10 @@ class CrossVocabDrafter(ModelDrafter):
         prompt_mode: str = "template",
         vocab: VocabMap | None = None,
         reencode_tokens: int = REENCODE_TOKENS,
+        draft_level: str = "auto",
     ) -> None:
+        if draft_level not in DRAFT_LEVELS:
+            raise ConfigError(f"draft_level must be one of {', '.join(DRAFT_LEVELS)}, got {draft_level!r}")
         if prompt_mode not in PROMPT_MODES:
             raise ConfigError(f"prompt_mode must be one of {', '.join(PROMPT_MODES)}, got {prompt_mode!r}")
         if reencode_tokens < 1:
@@ -253,6 +257,9 @@ class CrossVocabDrafter(ModelDrafter):
         self.vocab = vocab or shared_vocabulary(target_tokenizer, target_vocab, backend.tokenizer, backend.vocab_size)
         self.prompt_mode = prompt_mode
         self.reencode_tokens = reencode_tokens
+        #: "token" (TLI), "string" (the draft's text re-encoded: stringlevel.py) or "auto".
+        self.draft_level = draft_level
+        self._string = False  # this request drafts at the string level (begin)
         self._parts = chat_parts(target_tokenizer)
         self._target_eos = target_tokenizer.eos_token_ids
         self._prompt: list[int] = []  # the request's prompt (target ids) and the draft's for it
@@ -262,6 +269,8 @@ class CrossVocabDrafter(ModelDrafter):
         self._anchors: list[tuple[int, int]] = []
         #: Characters re-encoded by the last proposal (tests check that only the tail is).
         self.last_reencoded = ""
+        #: The draft's own text written by the last string-level proposal.
+        self.last_written = ""
 
     def memory_bytes(self) -> int:
         """The draft's KV cache in use, as ModelDrafter's, plus its vocabulary map (int64 arrays:
@@ -282,6 +291,7 @@ class CrossVocabDrafter(ModelDrafter):
             prompt_mode=self.prompt_mode,
             vocab=self.vocab,
             reencode_tokens=self.reencode_tokens,
+            draft_level=self.draft_level,
         )
 
     def begin(
@@ -296,6 +306,7 @@ class CrossVocabDrafter(ModelDrafter):
         draft = self.backend.tokenizer
         self._prompt_draft = draft_prompt(self.target_tokenizer, draft, prompt, self.prompt_mode, self._parts)
         self._synced_target, self._synced_draft, self._anchors = [], [], []
+        self._string = self.draft_level == "string" or (self.draft_level == "auto" and sampling.greedy)
 
     # ------------------------------------------------------------------ keeping in step
     def _base(self, context: Sequence[int]) -> tuple[int, list[int]]:
@@ -362,6 +373,8 @@ class CrossVocabDrafter(ModelDrafter):
         self.last_confidences = []
         if max_tokens <= 0 or not context:
             return Draft((), source=self.name)
+        if self._string and grammar is None:  # under a grammar, the shared tokens' masked rows
+            return propose_string(self, context, max_tokens)
         draft_ids = self._sync(context)
         if draft_ids is None or not draft_ids:
             return Draft((), source=self.name)
