@@ -102,6 +102,5 @@ class TargetTime:
         if n > 1:  # prices are relative to a plain step, which defines the load
             self.book.observe(n, context, ms / (calibrated * self.load.value))
             self._num_priced += 1
-            path = self._book_path()
-            if path is not None and self._num_priced % SAVE_EVERY == 0:
-                self.book.save(path, self.curve)
+            if self.target is not None and self._num_priced % SAVE_EVERY == 0:
+                self.book.save(self._book_path(), self.curve)
