@@ -74,7 +74,8 @@ def test_a_string_draft_is_the_drafts_own_text_deterministic(temperature):
     context = [5, 6]  # "e "
     num_drafted = 0
     for seed in range(10):
-        d.begin(SamplingParams(temperature=temperature, seed=seed), SpeculationConfig(), prompt=context[:1])
+        spec = SpeculationConfig(draft_temperature=temperature or None)  # else the draft's argmax
+        d.begin(SamplingParams(temperature=temperature, seed=seed), spec, prompt=context[:1])
         draft = d.propose(context, 4)
         assert draft.draft_probs is None and len(draft) <= 4
         # The draft model's own text, less at least its last character (which more could extend).
@@ -90,7 +91,8 @@ def test_a_string_draft_is_the_drafts_own_text_deterministic(temperature):
 def test_the_drafts_end_stops_the_text_and_is_not_drafted():
     d = make_drafter(eos_bias=8.0)  # the draft ends its text at once, or after a token or two
     for seed in range(10):
-        d.begin(SamplingParams(temperature=1.0, seed=seed), SpeculationConfig(), prompt=[1])
+        spec = SpeculationConfig(draft_temperature=1.0)
+        d.begin(SamplingParams(temperature=1.0, seed=seed), spec, prompt=[1])
         assert 0 not in d.propose([1, 2], 5).token_ids
 
 

@@ -260,6 +260,7 @@ class CrossVocabDrafter(ModelDrafter):
         #: "token" (TLI), "string" (the draft's text re-encoded: stringlevel.py) or "auto".
         self.draft_level = draft_level
         self._string = False  # this request drafts at the string level (begin)
+        self.string_temperature: float | None = None
         self._parts = chat_parts(target_tokenizer)
         self._target_eos = target_tokenizer.eos_token_ids
         self._prompt: list[int] = []  # the request's prompt (target ids) and the draft's for it
@@ -307,6 +308,8 @@ class CrossVocabDrafter(ModelDrafter):
         self._prompt_draft = draft_prompt(self.target_tokenizer, draft, prompt, self.prompt_mode, self._parts)
         self._synced_target, self._synced_draft, self._anchors = [], [], []
         self._string = self.draft_level == "string" or (self.draft_level == "auto" and sampling.greedy)
+        #: String-level drafts: the draft's argmax unless a draft_temperature is asked for.
+        self.string_temperature = speculation.draft_temperature
 
     # ------------------------------------------------------------------ keeping in step
     def _base(self, context: Sequence[int]) -> tuple[int, list[int]]:

@@ -1,10 +1,11 @@
 """String-level drafting across vocabularies (Timor et al., ICML 2025, arXiv 2502.05202: SLEM).
 
-The draft model decodes freely in its own vocabulary (its argmax, or a sample from its own
-distribution), its text is re-encoded with the target's tokenizer, and the target tokens go to
-the verifier as a deterministic draft (draft_probs None). That is exact at every setting: greedy
-verification compares argmaxes, and the rejection sampler accepts a one-hot draft token x with
-probability target(x) and otherwise samples the target with x removed, whatever chose x.
+The draft model decodes freely in its own vocabulary (its argmax, or at the request's
+draft_temperature a sample from its own distribution), its text is re-encoded with the target's
+tokenizer, and the target tokens go to the verifier as a deterministic draft (draft_probs None).
+That is exact at every setting: greedy verification compares argmaxes, and the rejection sampler
+accepts a one-hot draft token x with probability target(x) and otherwise samples the target with
+x removed, whatever chose x.
 
 Only target tokens that start at the end of the committed text are drafted (a target token that
 would merge across it, "\\n" + "\\n" -> "\\n\\n", is not: the new text is then encoded alone), and
@@ -83,11 +84,13 @@ def reencode(tokenizer: Tokenizer, committed: str, new_text: str, complete: bool
     return Reencoded(tuple(int(t) for t in ids[start:end]), num_chars - len(committed))
 
 
-def own_sampling(sampling: SamplingParams) -> SamplingParams:
-    """The draft's sampling in its own vocabulary: temperature and filters only (logit bias and
-    penalties name target ids); a deterministic draft is exact whatever it samples from."""
+def own_sampling(sampling: SamplingParams, temperature: float | None) -> SamplingParams:
+    """The draft's sampling in its own vocabulary: the filters only (logit bias and penalties name
+    target ids), at `temperature`, the request's draft_temperature; None: its argmax. A one-hot
+    draft token x is accepted with probability target(x), so the draft's best guess of the
+    target's likeliest token is accepted most, at every temperature, and exact whatever chose it."""
     return SamplingParams(
-        temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, min_p=sampling.min_p
+        temperature=temperature or 0.0, top_k=sampling.top_k, top_p=sampling.top_p, min_p=sampling.min_p
     )
 
 
@@ -114,7 +117,7 @@ def propose_string(drafter: CrossVocabDrafter, context: Sequence[int], max_token
     committed = tail_text(drafter.target_tokenizer, context, start) if start < len(context) else ""
     if committed.endswith("\ufffd"):
         committed = ""  # the committed text ends inside a character: encode the new text alone
-    draft_tok, sampling = drafter.backend.tokenizer, own_sampling(drafter.sampling)
+    draft_tok, sampling = drafter.backend.tokenizer, own_sampling(drafter.sampling, drafter.string_temperature)
     logits = drafter._next_logits(draft_ids)
     drafted: list[int] = []
     proposal, complete = Reencoded((), 0), False
