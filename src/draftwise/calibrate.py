@@ -220,11 +220,20 @@ class ScaledCurve(CostCurve):
 
 
 def cache_key(backend: Backend) -> str:
-    return _key(backend.identity, getattr(backend, "n_threads", 0), backend.n_ctx)
+    return _key(backend.identity, getattr(backend, "n_threads", 0), backend.n_ctx, _layout(backend))
 
 
-def _key(identity: str, threads: int, n_ctx: int) -> str:
-    raw = f"v{CACHE_VERSION}|{identity}|threads={threads}|n_ctx={n_ctx}"
+def _layout(backend: Backend) -> str:
+    """'sequences' for a backend whose cache holds several sequences (slots, token trees), else ''.
+    Its forwards are timed apart: on llama.cpp such a context runs flash attention (llama.cpp's
+    default) where one sequence's does not, and 33 rows cost 1.09-1.11x as much there, one row
+    the same; other slots' cells widen the attention too (docs/bench/live-prices)."""
+    caps = getattr(backend, "capabilities", None)  # NOTE: pairing's tests key a bare identity
+    return "sequences" if caps is not None and (caps.num_slots > 1 or caps.max_branches > 1) else ""
+
+
+def _key(identity: str, threads: int, n_ctx: int, layout: str = "") -> str:
+    raw = f"v{CACHE_VERSION}|{identity}|threads={threads}|n_ctx={n_ctx}" + (f"|{layout}" if layout else "")
     return hashlib.sha256(raw.encode()).hexdigest()[:24]
 
 
