@@ -18,9 +18,10 @@ than from many, and one line through both priced one row 10-14% high and 2-65 ro
 Two rounds of the same grid differ by up to a quarter per point on a shared host, the reason for
 the pooled fit (docs/bench/code-edit-long-4-ctx).
 
-Curves are cached on disk per (model identity, threads, n_ctx); n between measured points is
-linearly interpolated. A cached curve whose single-token cost is far above what the host does
-now (it was measured while something else ran) is measured again. Measuring takes minutes on a
+Curves are cached on disk per (model identity, threads, n_ctx, one sequence or several: slots
+and trees run other kernels); n between measured points is linearly interpolated. A cached
+curve whose single-token cost is far above what the host does now (it was measured while
+something else ran) is measured again. Measuring takes minutes on a
 real model: callers do it before anything is timed (loading.calibrate_engine), and a `progress`
 callback hears of every round.
 """
