@@ -1,9 +1,11 @@
 """SmolLM2-135M-Instruct drafting for the default target across vocabularies (drafters/crossvocab.py).
 
-Greedy, fixed policy, for each prompt mode and k: acceptance per drafted token (its 95% interval
-by bootstrap over prompts), the conditional acceptance at draft positions 1..k, tokens per target
-forward, and wall time against plain decoding of the same prompts (indicative only on a shared
-host). Then the draft's forward of one token against the target's, interleaved, medians.
+Fixed policy, for each prompt mode, drafting level (token: TLI; string: the draft's own text
+re-encoded, drafters/stringlevel.py), temperature (0: greedy; else seeded samples) and k:
+acceptance per drafted token (its 95% interval by bootstrap over prompts), the conditional
+acceptance at draft positions 1..k, tokens per target forward, and wall time against plain
+decoding of the same prompts (greedy; indicative only on a shared host). Then the draft's forward
+of one token against the target's, interleaved, medians.
 
     python scripts/measure_crossvocab.py --per-suite 2 --max-tokens 96
 """
@@ -50,6 +52,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--ks", default="2,3,4,5")
     parser.add_argument("--modes", default="template,plain")
+    parser.add_argument("--levels", default="token,string")
+    parser.add_argument("--temperatures", default="0")
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
 
@@ -63,7 +67,7 @@ def main() -> None:
     prompts = [(s, p) for s in args.suites.split(",") for p in load_suite(s)[: args.per_suite]]
     sampling = SamplingParams(max_tokens=args.max_tokens)
     print(
-        f"{len(prompts)} prompts ({args.suites}), {args.max_tokens} tokens, greedy; shared vocabulary "
+        f"{len(prompts)} prompts ({args.suites}), {args.max_tokens} tokens; shared vocabulary "
         f"{drafter.vocab.num_shared} of {drafter.vocab.num_draft_tokens} draft tokens"
     )
     ids = [engine.encode_prompt(messages=[{"role": "user", "content": p.turns[0]}]) for _, p in prompts]
@@ -73,31 +77,39 @@ def main() -> None:
         plain_s.append(result.stats.decode_ms / 1000)
     print(f"plain: {sum(plain_s):.1f} s decoding")
     print(
-        "mode      k  accepted/drafted  per token [95%]      by position            tokens/forward  draft ms/tok  "
-        "decode vs plain"
+        "mode      level  temp k  accepted/drafted  per token [95%]      by position            "
+        "tokens/forward  draft ms/tok  decode vs plain"
     )
-    for mode in args.modes.split(","):
-        drafter.prompt_mode = mode
-        for k in (int(x) for x in args.ks.split(",")):
-            spec = SpeculationConfig(policy="fixed", max_draft_tokens=k)
-            acc, dra, gen, steps, secs, draft_ms = [], [], 0, 0, 0.0, 0.0
-            pos_d, pos_a = np.zeros(k), np.zeros(k)
-            for prompt_ids in ids:
-                r = engine.generate(prompt_ids=prompt_ids, sampling=sampling, speculation=spec, drafters=["draft"])
-                s = r.stats
-                acc.append(s.num_accepted)
-                dra.append(s.num_drafted)
-                gen, steps = gen + s.num_generated, steps + s.num_steps
-                secs, draft_ms = secs + s.decode_ms / 1000, draft_ms + s.draft_ms
-                pos_d[: len(s.position_drafted)] += s.position_drafted[:k]
-                pos_a[: len(s.position_accepted)] += s.position_accepted[:k]
-            low, high = bootstrap(acc, dra)
-            by_pos = " ".join(f"{a / max(1, d):.2f}" for a, d in zip(pos_a, pos_d))
-            print(
-                f"{mode:9} {k}  {sum(acc):5d}/{sum(dra):5d}       {sum(acc) / max(1, sum(dra)):.3f} "
-                f"[{low:.3f}, {high:.3f}]  {by_pos:22} {gen / max(1, steps):.2f}            "
-                f"{draft_ms / max(1, sum(dra)):.1f}          {sum(plain_s) / secs:.2f}x"
-            )
+    runs = [
+        (mode, level, float(t), int(k))
+        for mode in args.modes.split(",")
+        for level in args.levels.split(",")
+        for t in args.temperatures.split(",")
+        for k in args.ks.split(",")
+    ]
+    for mode, level, temperature, k in runs:
+        drafter.prompt_mode, drafter.draft_level = mode, level
+        spec = SpeculationConfig(policy="fixed", max_draft_tokens=k)
+        sampled = SamplingParams(max_tokens=args.max_tokens, temperature=temperature, seed=0)
+        acc, dra, gen, steps, secs, draft_ms = [], [], 0, 0, 0.0, 0.0
+        pos_d, pos_a = np.zeros(k), np.zeros(k)
+        for prompt_ids in ids:
+            r = engine.generate(prompt_ids=prompt_ids, sampling=sampled, speculation=spec, drafters=["draft"])
+            s = r.stats
+            acc.append(s.num_accepted)
+            dra.append(s.num_drafted)
+            gen, steps = gen + s.num_generated, steps + s.num_steps
+            secs, draft_ms = secs + s.decode_ms / 1000, draft_ms + s.draft_ms
+            pos_d[: len(s.position_drafted)] += s.position_drafted[:k]
+            pos_a[: len(s.position_accepted)] += s.position_accepted[:k]
+        low, high = bootstrap(acc, dra)
+        by_pos = " ".join(f"{a / max(1, d):.2f}" for a, d in zip(pos_a, pos_d))
+        print(
+            f"{mode:9} {level:6} {temperature:4.1f} {k}  {sum(acc):5d}/{sum(dra):5d}       "
+            f"{sum(acc) / max(1, sum(dra)):.3f} "
+            f"[{low:.3f}, {high:.3f}]  {by_pos:22} {gen / max(1, steps):.2f}            "
+            f"{draft_ms / max(1, sum(dra)):.1f}          {sum(plain_s) / secs:.2f}x"
+        )
     # One token's forward, draft against target, interleaved so that both see the same load.
     prefix = ids[0]
     draft_prefix = drafter.backend.tokenizer.encode(engine.tokenizer.decode(prefix))
