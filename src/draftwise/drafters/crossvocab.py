@@ -20,7 +20,7 @@ import numpy as np
 from draftwise.backends.base import Backend, Tokenizer, common_prefix_length, encode_chat, num_slots
 from draftwise.constraints import masked
 from draftwise.drafters.model import ModelDrafter
-from draftwise.drafters.stringlevel import DRAFT_LEVELS, propose_string
+from draftwise.drafters.stringlevel import DRAFT_LEVELS, propose_string, tail_text, text_of
 from draftwise.errors import TokenizerMismatchError
 from draftwise.sampling import History, choose_greedy, distribution, sample, softmax
 from draftwise.types import ConfigError, Draft, SamplingParams, SpeculationConfig
@@ -116,34 +116,6 @@ def shared_vocabulary(
 
 
 # ---------------------------------------------------------------------------- texts and prompts
-def text_of(tokenizer: Tokenizer, ids: Sequence[int]) -> str:
-    """The text of ids with control tokens written as their own text (decode drops them)."""
-    controls = tokenizer.control_texts
-    parts, run = [], []
-    for token in ids:
-        raw = tokenizer.token_text(token) if controls else ""
-        if raw in controls and raw:
-            if run:
-                parts.append(tokenizer.decode(run))
-                run = []
-            parts.append(raw)
-        else:
-            run.append(token)
-    if run:
-        parts.append(tokenizer.decode(run))
-    return "".join(parts)
-
-
-def tail_text(tokenizer: Tokenizer, ids: Sequence[int], start: int) -> str:
-    """The text ids[start:] add to ids[:start]: decoded after the token before it, so that a
-    tokenizer that drops a sequence's leading space (sentencepiece) keeps it here."""
-    if start == 0:
-        return text_of(tokenizer, ids)
-    before = text_of(tokenizer, ids[start - 1 : start])
-    both = text_of(tokenizer, ids[start - 1 :])
-    return both[len(before) :] if both.startswith(before) else text_of(tokenizer, ids[start:])
-
-
 @dataclass(frozen=True)
 class ChatParts:
     """A chat template's wrapping: role -> (text before, text after) a message, and the text

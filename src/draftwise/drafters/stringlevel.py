@@ -27,7 +27,7 @@ from draftwise.sampling import distribution, sample, softmax
 from draftwise.types import Draft, SamplingParams
 
 if TYPE_CHECKING:
-    from draftwise.drafters.crossvocab import CrossVocabDrafter
+    from draftwise.drafters.model import ModelDrafter
 
 # How a drafter of another vocabulary drafts: "token" (TLI, draft_probs over the shared tokens),
 # "string" (the draft's own text re-encoded, deterministic), "auto" (string when greedy, else token:
@@ -36,6 +36,34 @@ DRAFT_LEVELS = ("auto", "string", "token")
 # Draft-model tokens a proposal may write per target token asked for (plus two): the draft's
 # tokens may be shorter than the target's.
 DRAFT_TOKENS_PER_TARGET = 2
+
+
+def text_of(tokenizer: Tokenizer, ids: Sequence[int]) -> str:
+    """The text of ids with control tokens written as their own text (decode drops them)."""
+    controls = tokenizer.control_texts
+    parts, run = [], []
+    for token in ids:
+        raw = tokenizer.token_text(token) if controls else ""
+        if raw in controls and raw:
+            if run:
+                parts.append(tokenizer.decode(run))
+                run = []
+            parts.append(raw)
+        else:
+            run.append(token)
+    if run:
+        parts.append(tokenizer.decode(run))
+    return "".join(parts)
+
+
+def tail_text(tokenizer: Tokenizer, ids: Sequence[int], start: int) -> str:
+    """The text ids[start:] add to ids[:start]: decoded after the token before it, so that a
+    tokenizer that drops a sequence's leading space (sentencepiece) keeps it here."""
+    if start == 0:
+        return text_of(tokenizer, ids)
+    before = text_of(tokenizer, ids[start - 1 : start])
+    both = text_of(tokenizer, ids[start - 1 :])
+    return both[len(before) :] if both.startswith(before) else text_of(tokenizer, ids[start:])
 
 
 @dataclass(frozen=True)
@@ -49,8 +77,6 @@ class Reencoded:
 def boundaries(tokenizer: Tokenizer, ids: Sequence[int], text: str) -> list[tuple[int, int]]:
     """(i, n): ids[:i] spell text[:n] exactly, for each i where they do (a token ending inside a
     UTF-8 character spells no prefix). Example (characters): ids of "ab", "ab" -> [(0, 0), (1, 1), (2, 2)]."""
-    from draftwise.drafters.crossvocab import text_of
-
     out = [(0, 0)]
     for i in range(1, len(ids) + 1):
         spelled = text_of(tokenizer, ids[:i])
@@ -99,11 +125,9 @@ def _ends_text(tokenizer: Tokenizer, token: int) -> bool:
     return token in tokenizer.eos_token_ids or tokenizer.token_text(token) in tokenizer.control_texts
 
 
-def propose_string(drafter: CrossVocabDrafter, context: Sequence[int], max_tokens: int) -> Draft:
+def propose_string(drafter: ModelDrafter, context: Sequence[int], max_tokens: int) -> Draft:  # a CrossVocabDrafter
     """A string-level proposal of at most max_tokens target tokens after context (see the module
     docstring); the draft writes at most DRAFT_TOKENS_PER_TARGET * max_tokens + 2 of its own."""
-    from draftwise.drafters.crossvocab import tail_text
-
     drafter.last_confidences = []
     empty = Draft((), source=drafter.name)
     draft_ids = drafter._sync(context)
