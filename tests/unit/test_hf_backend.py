@@ -339,7 +339,7 @@ def test_the_server_answers_from_a_transformers_target(gguf_pair):
     )
     messages = [{"role": "user", "content": "the cat, the cat"}]
     expected = engine.generate(messages=messages, sampling=SamplingParams(max_tokens=12), speculation=PLAIN)
-    with TestClient(create_app(engine, "tiny")) as client:
+    with TestClient(create_app(engine, "tiny"), base_url="http://localhost") as client:
         response = client.post(
             "/v1/chat/completions", json={"model": "tiny", "messages": messages, "max_tokens": 12, "temperature": 0}
         )
