@@ -101,10 +101,9 @@ class Access:
     def origin_allowed(self, origin: str, host_header: str) -> bool:
         """Whether a page of `origin` may call the API: the page's own origin (the server's page),
         or one of allowed_origins."""
-        value = origin.strip().lower()
-        parts = urlsplit(value)
-        if parts.scheme in ("http", "https") and parts.netloc and parts.netloc == host_header.strip().lower():
+        if _same_origin(origin, host_header):
             return True
+        value = origin.strip().lower()
         return any(pattern == "*" or fnmatchcase(value, pattern) for pattern in self.allowed_origins)
 
 
@@ -182,8 +181,9 @@ class AccessGuard:
 
 
 def _same_origin(origin: str, host: str) -> bool:
+    """Whether a page of `origin` is the server's own (the chat page): same scheme-less host:port."""
     parts = urlsplit(origin.strip().lower())
-    return parts.scheme in ("http", "https") and parts.netloc == host.strip().lower()
+    return parts.scheme in ("http", "https") and bool(parts.netloc) and parts.netloc == host.strip().lower()
 
 
 def _browser_sent(headers: dict) -> bool:

@@ -51,7 +51,8 @@ def chosen(spec: str, default: str, extra_dirs: Sequence[str | Path] = ()) -> li
             raise ConfigError(f"two models would be served as {name!r}: {path} and another; serve one of them")
         out.append(Served(name, path, facts, problem))
 
-    for name in [default, *(() if spec in ("all",) or Path(spec).is_dir() else spec.split(","))]:
+    whole_store = spec == "all" or Path(spec).is_dir()
+    for name in [default, *(() if whole_store else spec.split(","))]:
         name = name.strip()
         if not name:
             continue
@@ -60,7 +61,7 @@ def chosen(spec: str, default: str, extra_dirs: Sequence[str | Path] = ()) -> li
             continue
         resolved = stores.resolve(name, extra_dirs, fetch=False)
         add(resolved.name, resolved.path, _facts(resolved.path))
-    if spec == "all" or Path(spec).is_dir():
+    if whole_store:
         roots = (
             stores.StoreRoots.from_environment(extra_dirs)
             if spec == "all"
