@@ -206,32 +206,25 @@ def draft_model_verdict(
 
     From both models' calibrated costs (`calibration`'s "target" and "draft" curves, else
     measured once and cached). The auto policy starts a draft model's estimate at
-    DRAFT_MODEL_PRIOR acceptance per token and learns it only from the steps that draft with it;
-    if at that acceptance no k beats plain decoding by MIN_GAIN, the policy never drafts with
-    it, so it never learns otherwise, and keeping the model loaded costs its memory for nothing.
-    The message also gives the most it could gain (every token accepted), which is the figure to
-    compare with a host where it pays.
+    DRAFT_MODEL_PRIOR acceptance per token and learns it from the steps that draft with it, and
+    from probes where its estimate would not draft (policy.auto.PROBE_*): a draft whose every
+    token accepted would not beat plain decoding by MIN_GAIN can never pay, and keeping it
+    loaded costs its memory for nothing. The message gives the most it could gain and what it
+    would gain at the prior, the figures to compare with a host where it pays.
     """
     if speculation is not None and speculation.policy != "auto":
         return ""
     if calibration is None:
         calibration = calibrate_models(target, {"draft": draft})
     target_cost, draft_cost = calibration.curves["target"], calibration.curves["draft"]
-    at_prior, _ = draft_speedup(target_cost, draft_cost, DRAFT_MODEL_PRIOR)
-    if at_prior > MIN_GAIN:
-        return ""
     best, k = draft_speedup(target_cost, draft_cost)
-    if best <= MIN_GAIN:
-        return (
-            f"not loaded: even with every draft token accepted it would run at {best:.2f}x of plain decoding "
-            f"on this machine (best k = {k}, from the calibrated costs), below the {MIN_GAIN:.2f}x the auto "
-            "policy needs; --policy fixed loads it anyway"
-        )
+    if best > MIN_GAIN:
+        return ""
+    at_prior, _ = draft_speedup(target_cost, draft_cost, DRAFT_MODEL_PRIOR)
     return (
-        f"not loaded: the auto policy would never draft with it on this machine: at the acceptance it starts "
-        f"from ({DRAFT_MODEL_PRIOR:.2f} per token) it would run at {at_prior:.2f}x of plain decoding, below the "
-        f"{MIN_GAIN:.2f}x it needs (with every token accepted {best:.2f}x at k = {k}, from the calibrated "
-        "costs); --policy fixed loads it anyway"
+        f"not loaded: even with every draft token accepted it would run at {best:.2f}x of plain decoding "
+        f"on this machine (best k = {k}, from the calibrated costs; {at_prior:.2f}x at {DRAFT_MODEL_PRIOR:.2f} "
+        f"per token), below the {MIN_GAIN:.2f}x the auto policy needs; --policy fixed loads it anyway"
     )
 
 

@@ -236,3 +236,16 @@ def test_memory_counts_the_cache_and_the_map():
     d.begin(SamplingParams(), SpeculationConfig(), prompt=[1, 2, 3])
     d.propose([1, 2, 3], 2)
     assert d.memory_bytes() == d.backend.kv_bytes()["used"] + d.vocab.nbytes > d.vocab.nbytes
+
+
+def test_the_catch_up_the_policy_prices_is_the_prompt_first_then_the_new_tail():
+    """catch_up: what the draft must feed before drafting, priced by the auto policy. At a
+    request's first proposal the draft's whole prompt; after a proposal, the tokens committed
+    since plus the re-encoded tail, never the context again."""
+    d = drafter()
+    prompt = [1, 2, 6, 1, 3, 7, 7, 1]
+    d.begin(SamplingParams(), SpeculationConfig(), prompt)
+    assert d.catch_up(prompt) == len(d._prompt_draft) > 1
+    draft = d.propose(prompt, 3)
+    context = [*prompt, *draft.token_ids[:1], 2]  # one drafted token accepted, then the target's own
+    assert d.catch_up(context) == 2 + d.reencode_tokens

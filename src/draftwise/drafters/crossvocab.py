@@ -42,6 +42,11 @@ REENCODE_TOKENS = 2
 # target tokens of a re-encoded tail.
 ANCHOR_WINDOW = 16
 _SENTINEL = "\ue000"  # a private-use character no chat template writes
+# The auto policy's starting acceptance per draft position (then learnt from its verdicts), from
+# SmolLM2-135M drafting for Qwen2.5-Coder-1.5B on chat and math, greedy (docs/cross-vocab.md):
+# string level 0.59, 0.38, 0.23 accepted by position, i.e. about 0.6 of each token given the ones
+# before it; a draft of the same vocabulary starts from policy.auto.DRAFT_MODEL_PRIOR (0.7).
+CROSS_VOCAB_PRIOR = (0.6, 0.6, 0.55)
 
 
 # ---------------------------------------------------------------------------- the shared vocabulary
@@ -205,6 +210,7 @@ class CrossVocabDrafter(ModelDrafter):
     """
 
     own_vocabulary = True
+    acceptance_prior = CROSS_VOCAB_PRIOR
 
     def __init__(
         self,
@@ -284,6 +290,18 @@ class CrossVocabDrafter(ModelDrafter):
         self.string_temperature = speculation.draft_temperature
 
     # ------------------------------------------------------------------ keeping in step
+    def catch_up(self, context: Sequence[int]) -> int:
+        """About how many of its own tokens the draft must feed before drafting after context
+        (counted in target tokens past the text it last drafted after, plus the re-encoded tail;
+        the whole prompt at a request's first proposal)."""
+        synced = self._synced_target
+        shared = common_prefix_length(context, synced) if synced else 0
+        if not shared:
+            base_t, base_ids = self._base(context)
+            cached = common_prefix_length(self.backend.cached_ids, base_ids)
+            return max(1, len(base_ids) - cached + len(context) - base_t)
+        return max(1, len(context) - shared + self.reencode_tokens)
+
     def _base(self, context: Sequence[int]) -> tuple[int, list[int]]:
         """Where the draft's ids start following the target's text: after the request's prompt
         (mapped once, in begin) if context starts with it, else at the start."""

@@ -30,6 +30,9 @@ CATCH_UP_BATCH = 16  # up to this many missing tokens go in one forward with log
 
 class ModelDrafter(BaseDrafter):
     free = False
+    #: The acceptance per draft token the auto policy starts from (policy.auto.DRAFT_MODEL_PRIOR;
+    #: a draft of another vocabulary declares its own, measured): one rate, or one per position.
+    acceptance_prior: float | tuple[float, ...] | None = None
 
     def __init__(self, backend: Backend, name: str = "draft") -> None:
         self.backend = backend
@@ -77,6 +80,12 @@ class ModelDrafter(BaseDrafter):
         #: Cached positions reused from the previous request at this request's first proposal.
         self.num_reused_tokens = 0
         self._first_proposal = True
+
+    def catch_up(self, context: Sequence[int]) -> int:
+        """Tokens the draft must feed before its first draft token after context: what its cache
+        lacks (the whole prompt at a request's first proposal), at least the last one."""
+        keep = min(common_prefix_length(self.backend.cached_ids, context), len(context) - 1)
+        return max(1, len(context) - keep)
 
     def _next_logits(self, context: Sequence[int]) -> np.ndarray:
         """Bring the cache to context[:-1] + feed the rest; logits [V] after context."""

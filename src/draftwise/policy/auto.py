@@ -42,8 +42,20 @@ MIN_GAIN = 1.10
 # was not taken, is consulted less often: every 2nd, 4th, ... up to MAX_BACKOFF-th step.
 LOOKUP_SHARE = 0.01
 MAX_BACKOFF = 8
-# The prior acceptance of a draft model's token, until its own are observed.
+# The prior acceptance of a draft model's token, until its own are observed (a drafter may
+# declare its own: ModelDrafter.acceptance_prior).
 DRAFT_MODEL_PRIOR = 0.7
+# A draft model's acceptance is learnt only from the steps that draft with it, and one priced
+# below plain decoding at its estimate would never draft again, wherever the text turned (the
+# default 0.5B draft is accepted 96% on new code, yet at its 0.70 prior it was never tried). So
+# a draft model not drafted with for PROBE_AFTER steps of a request, or not yet in this request,
+# is offered as a probe: at most PROBE_K tokens, each priced at least PROBE_RATE, its catch-up
+# (the prompt, or the text written since) not counted. A probe costs its draft tokens and
+# PROBE_K more rows in one forward (~0.1-0.7 of a plain step on a 2-core CPU), once per
+# PROBE_AFTER steps at most, and a miss lowers the estimate it updates. A probe whose every
+# token was accepted is followed by another at the next step, until the estimate drafts by itself
+# or a probe misses: a draft accepted 96% of the time is drafted within a few steps.
+PROBE_AFTER, PROBE_K, PROBE_RATE = 32, 2, 0.9
 # Proposals awaiting the committed tokens that score them (shadow scoring), at most.
 MAX_SHADOWS = 64
 # A copy that resumes after an edit: a lookup's proposal whose source position lies at most
@@ -119,6 +131,7 @@ class _Option:
     step_ms: float = 0.0
     draft: Draft | None = None  # a free drafter's proposal
     key: str | None = None  # the estimate a model drafter's verdict updates
+    probe: bool = False  # a model drafter's probe (PROBE_*): its catch-up is not priced
 
     def draft_ms(self, k: int) -> float:
         return 0.0 if k == 0 else self.first_ms + self.step_ms * (k - 1)
@@ -175,6 +188,8 @@ class AutoPolicy:
         # Diverged tokens of this request: token -> [hits, trials] when proposed again.
         self._diverged: dict[int, list[float]] = {}
         self._context: int | None = None  # the planned step's context length (prices its forward)
+        self._since_drafted: dict[str, int] = {}  # a draft model: this request's steps since it drafted
+        self._probing: str | None = None  # the draft model the last step probed
         self._ledger = 0.0  # plain steps drafting lost (< 0) in this request, fading (LEDGER_*)
         self.last_decision: dict = {}
 
@@ -192,6 +207,7 @@ class AutoPolicy:
             raise ValueError("the auto policy needs a target cost curve or a target backend to calibrate")
         _ = self.time.curve  # calibrate now (once per model and machine), not inside a step
         self._ledger = -START_DEBT
+        self._since_drafted = {d.name: PROBE_AFTER for d in self._drafters if not d.free}  # new text: probe
         if self.line_ends is None:
             target = self.target
             marks = text_marks(target.tokenizer, target.vocab_size) if target is not None else None
@@ -204,7 +220,7 @@ class AutoPolicy:
                     raise ValueError(f"the auto policy needs a cost curve for drafter {d.name!r}")
                 self.draft_costs[d.name] = load_or_measure(backend, max_n=self.max_k)
 
-    def _estimate(self, key: str, prior: float) -> AcceptanceEstimate:
+    def _estimate(self, key: str, prior: float | tuple[float, ...]) -> AcceptanceEstimate:
         est = self._estimates.get(key)
         if est is None:
             est = self._estimates[key] = AcceptanceEstimate(prior=prior)
@@ -344,23 +360,32 @@ class AutoPolicy:
             )
             options.append(_Option(drafter, self._expected(est, draft, at, starts), draft=draft))
         for drafter in self._drafters if k_cap > 0 else ():
-            if drafter.free:
-                continue
-            key = drafter.name
-            cost = self.draft_costs[drafter.name]
-            scale = self._draft_scale.setdefault(drafter.name, Scale()).value
-            backend = drafter.backend
-            missing = max(1, len(state.context) - (backend.num_cached if backend is not None else 0))
-            options.append(
-                _Option(
-                    drafter,
-                    self._estimate(key, DRAFT_MODEL_PRIOR).expected_tokens(k_cap),
-                    first_ms=cost.ms(min(missing, cost.max_n), self._context) * scale,
-                    step_ms=cost.ms(1, self._context) * scale,
-                    key=key,
-                )
-            )
+            if not drafter.free:
+                options += self._model_options(drafter, state.context, k_cap)
         return _Menu(self, state.num_forced, options, consulted)
+
+    def _model_options(self, drafter: Drafter, context: Sequence[int], k_cap: int) -> list[_Option]:
+        """A draft model's options this step: drafting at its estimate, its first token costing its
+        catch-up (the tokens its cache lacks, priced at its curve, linearly past the curve's
+        largest size) and each further token one draft forward; and, where it has not drafted for
+        PROBE_AFTER steps, a probe too."""
+        key = drafter.name
+        cost = self.draft_costs[key]
+        scale = self._draft_scale.setdefault(key, Scale()).value
+        prior = getattr(drafter, "acceptance_prior", None) or DRAFT_MODEL_PRIOR
+        est = self._estimate(key, prior)
+        step_ms = cost.ms(1, self._context) * scale
+        since = self._since_drafted.get(key, 0)
+        self._since_drafted[key] = since + 1
+        catch_up = getattr(drafter, "catch_up", None)
+        missing = catch_up(context) if catch_up is not None else 1
+        first_ms = cost.ms(min(missing, cost.max_n), self._context) * max(1.0, missing / cost.max_n)
+        options = [_Option(drafter, est.expected_tokens(k_cap), first_ms=first_ms * scale, step_ms=step_ms, key=key)]
+        if since >= PROBE_AFTER:
+            rates = [max(est.rate(i), PROBE_RATE) for i in range(min(k_cap, PROBE_K))]
+            probe = _Option(drafter, expected_tokens(rates), first_ms=step_ms, step_ms=step_ms, key=key, probe=True)
+            options.append(probe)
+        return options
 
     def conclude(self, menu: _Menu, option: _Option | None, k: int, rows: int, rate: float) -> Plan:
         """Settle this request's choice (option, k) in a forward of `rows` rows in all."""
@@ -384,10 +409,16 @@ class AutoPolicy:
                 self._skip[name] = self._backoff[name] - 1
         scale = self._draft_scale.get(drafter.name) if drafter is not None else None
         drafted = option is not None and option.key and k
-        self._last = (option.key, option.draft_ms(k) / scale.value) if drafted else (None, 0.0)
+        if drafted:
+            self._since_drafted[drafter.name] = 0
+        self._probing = drafter.name if drafted and option.probe else None
+        # A probe's draft time (its catch-up unpriced) does not teach the draft's time scale.
+        predicted = 0.0 if not drafted or option.probe else option.draft_ms(k) / scale.value
+        self._last = (option.key, predicted) if drafted else (None, 0.0)
         self.last_decision = {
             "drafter": drafter.name if drafter else "none",
             "k": best.k,
+            "probe": bool(drafted and option.probe),
             "expected_tokens_per_s": 1000 * rate,
         }
         return best
@@ -405,6 +436,8 @@ class AutoPolicy:
                 self._ledger = min(0.0, self._ledger + won)
         if step.num_drafted and key is not None:
             self._estimates[key].update(step.num_drafted, step.num_accepted)
+            if self._probing == key and step.num_accepted == step.num_drafted:
+                self._since_drafted[key] = PROBE_AFTER  # all accepted: probe again next step
             if predicted_draft > 0 and key[0] in self._draft_scale:
                 self._draft_scale[key[0]].update(step.draft_ms, predicted_draft)
         self._last = None
