@@ -221,6 +221,34 @@ def test_a_twin_over_another_vocabulary_is_accepted_whole():
     assert result.stats.num_accepted == result.stats.num_drafted or outside & set(result.token_ids)
 
 
+def test_auto_probes_a_draft_of_another_vocabulary_learns_it_and_stays_exact():
+    """Priced at its prior (0.6 per token) the draft would not pay on these costs; the policy probes
+    it, learns that the twin is accepted, and drafts with it; the answer is plain decoding's."""
+    from draftwise.calibrate import CostCurve
+    from draftwise.policy.auto import AutoPolicy
+
+    num_draft = len(DRAFT_PIECES) + 1
+    vocab = shared_vocabulary(TARGET_TOK, 10, PieceTokenizer(DRAFT_PIECES), num_draft)
+
+    def twin(context):
+        ids = TARGET_TOK.encode(PieceTokenizer(DRAFT_PIECES).decode(context))
+        row = np.full(num_draft, -30.0)
+        row[vocab.draft_ids] = TARGET.logits(ids)[vocab.target_ids]
+        return row
+
+    backend = ToyBackend(logits_fn=twin, vocab_size=num_draft, tokenizer=PieceTokenizer(DRAFT_PIECES))
+    d = CrossVocabDrafter(backend, TARGET_TOK, 10, vocab=vocab, draft_level="token")
+    policy = AutoPolicy(target_cost=CostCurve.linear(30.0, 12.0), draft_costs={"draft": CostCurve.linear(5.0, 5.0)})
+    policy.time.observe = lambda *args: None  # the toy's microseconds are not the costs given
+    engine = Engine(ToyBackend(TARGET, tokenizer=TARGET_TOK), [d], policy=policy)
+    prompt = [1, 6, 2, 6, 3]
+    sampling = SamplingParams(max_tokens=60, ignore_eos=True)
+    plain = engine.generate(prompt_ids=prompt, sampling=sampling, speculation=SpeculationConfig(enabled=False))
+    result = engine.generate(prompt_ids=prompt, sampling=sampling, speculation=SpeculationConfig(policy="auto"))
+    assert result.token_ids == plain.token_ids
+    assert result.stats.num_drafted > 20  # more than probes: it drafts once learnt
+
+
 def test_parallel_slots_each_draft_on_their_own_sequence():
     engine = make_engine(slots=2)
     first = engine.drafters[0]

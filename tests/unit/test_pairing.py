@@ -136,3 +136,23 @@ def test_draftwise_models_lists_each_models_compatible_drafts(home):
     assert result.exit_code == 0, result.output
     rows = {row["name"]: row for row in json.loads(result.output)["models"]}
     assert rows["target.gguf"]["drafts"][0] == {"name": "same-small.gguf", "same_vocabulary": True}
+
+
+def test_the_cli_passes_the_cross_vocabulary_draft_level_and_prompt(home, monkeypatch):
+    monkeypatch.setattr(loading, "calibrate_models", _calibrated)
+    made = []
+    real = loading.model_drafter
+
+    def recording(target, draft, vocab, options):
+        drafter = real(target, draft, vocab, options)
+        made.append(drafter)
+        return drafter
+
+    monkeypatch.setattr(loading, "model_drafter", recording)
+    args = ["generate", "--target", str(home / "target.gguf"), "--prompt", "hi", "--max-tokens", "2"]
+    args += ["--draft", str(home / "other-tiny.gguf"), "--policy", "fixed", "--n-ctx", "256", "--threads", "1"]
+    result = CliRunner().invoke(main, [*args, "--draft-level", "token", "--draft-prompt", "plain"])
+    assert result.exit_code == 0, result.output
+    assert [(d.draft_level, d.prompt_mode) for d in made] == [("token", "plain")]
+    result = CliRunner().invoke(main, [*args, "--draft-level", "word"])
+    assert result.exit_code == 2 and "'word' is not one of 'auto', 'string', 'token'" in result.output

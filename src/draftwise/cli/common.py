@@ -15,6 +15,8 @@ import click
 
 from draftwise import models
 from draftwise.backends.hf import DEVICES, DTYPES
+from draftwise.drafters.crossvocab import PROMPT_MODES
+from draftwise.drafters.stringlevel import DRAFT_LEVELS
 from draftwise.errors import BackendError, ConfigError, ModelError, TokenizerMismatchError
 from draftwise.loading import BACKENDS, FREE_DRAFTERS, LoadOptions
 from draftwise.policy.auto import MAX_K
@@ -59,7 +61,12 @@ def _apply(fn, opts):
 # Where --chat-template and --models-dir keep their values for load_options (click's ctx.meta).
 # NOTE: kept out of the commands' parameters, so every command that takes model_options has them
 # without a new argument each; load_options is the one reader.
-_META_KEYS = {"chat_template": "draftwise.chat_template", "models_dir": "draftwise.models_dirs"}
+_META_KEYS = {
+    "chat_template": "draftwise.chat_template",
+    "models_dir": "draftwise.models_dirs",
+    "draft_level": "draftwise.draft_level",
+    "draft_prompt": "draftwise.draft_prompt",
+}
 
 
 def _keep_in_meta(ctx, param, value):
@@ -102,6 +109,26 @@ def model_options(fn):
                 "(chatml, llama3, gemma, mistral-v7, phi3, ...) or a Jinja file.",
             ),
             models_dir_option,
+            click.option(
+                "--draft-level",
+                type=click.Choice(DRAFT_LEVELS),
+                default=defaults.draft_level,
+                show_default=True,
+                expose_value=False,
+                callback=_keep_in_meta,
+                help="A draft model of another vocabulary: 'token' (intersection of the vocabularies), 'string' "
+                "(its text re-encoded), or 'auto' (string when greedy, else token).",
+            ),
+            click.option(
+                "--draft-prompt",
+                type=click.Choice(PROMPT_MODES),
+                default=defaults.draft_prompt,
+                show_default=True,
+                expose_value=False,
+                callback=_keep_in_meta,
+                help="A draft model of another vocabulary sees the conversation in its own chat template, or "
+                "as a plain transcript.",
+            ),
             click.option("--backend", type=click.Choice(BACKENDS), default=defaults.backend, show_default=True),
             click.option(
                 "--n-ctx", type=int, default=defaults.n_ctx, show_default=True, help="Context window in tokens."
@@ -195,10 +222,11 @@ def models_dirs() -> tuple[str, ...]:
 
 
 def load_options(backend, n_ctx, threads, dtype, device) -> LoadOptions:
-    """The LoadOptions of model_options' values (--chat-template and --models-dir from the
-    running command's context, where model_options kept them)."""
+    """The LoadOptions of model_options' values (--chat-template, --models-dir, --draft-level and
+    --draft-prompt from the running command's context, where model_options kept them)."""
     ctx = click.get_current_context(silent=True)
     meta = ctx.meta if ctx is not None else {}
+    defaults = LoadOptions()
     return LoadOptions(
         backend=backend,
         n_ctx=n_ctx,
@@ -207,6 +235,8 @@ def load_options(backend, n_ctx, threads, dtype, device) -> LoadOptions:
         device=device,
         chat_template=meta.get(_META_KEYS["chat_template"]),
         models_dirs=models_dirs(),
+        draft_level=meta.get(_META_KEYS["draft_level"]) or defaults.draft_level,
+        draft_prompt=meta.get(_META_KEYS["draft_prompt"]) or defaults.draft_prompt,
     )
 
 
