@@ -108,3 +108,25 @@ def test_an_estimate_with_a_prior_per_position_borrows_its_shape_beyond_what_it_
         est.update(1, 1)  # only the first position drafted, always accepted
     assert est.rate(0) > 0.95
     assert est.rate(1) == pytest.approx(est.rate(0) * 0.4 / 0.8)
+
+
+def test_a_draft_model_slower_than_its_curve_is_priced_at_what_its_drafts_take():
+    """Drafts taking 3x what the draft's curve says (a string-level draft writes more tokens of
+    its own than it proposes; Python around each forward): the draft's time scale follows, and
+    the draft stops paying."""
+    policy, _ = policy_and_drafter()
+    for _ in range(60):
+        plan = policy.plan(PlanState(context=[1, 2, 3], max_k=16))
+        k = plan.k
+        policy.observe(
+            StepStats(
+                drafter="draft" if k else "none",
+                num_drafted=k,
+                num_accepted=k,
+                num_committed=k + 1,
+                draft_ms=3 * DRAFT.ms(1) * k,
+                verify_ms=TARGET.ms(k + 1),
+                planned_k=k,
+            )
+        )
+    assert policy.snapshot()["draft_time_scale"]["draft"] > 2.0

@@ -438,8 +438,8 @@ class AutoPolicy:
             self._estimates[key].update(step.num_drafted, step.num_accepted)
             if self._probing == key and step.num_accepted == step.num_drafted:
                 self._since_drafted[key] = PROBE_AFTER  # all accepted: probe again next step
-            if predicted_draft > 0 and key[0] in self._draft_scale:
-                self._draft_scale[key[0]].update(step.draft_ms, predicted_draft)
+            if predicted_draft > 0 and key in self._draft_scale:
+                self._draft_scale[key].update(step.draft_ms, predicted_draft)
         self._last = None
 
     def snapshot(self) -> dict:
