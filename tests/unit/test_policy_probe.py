@@ -69,12 +69,13 @@ def test_a_draft_model_the_prior_prices_below_plain_is_probed_and_then_drafted_w
     assert policy.snapshot()["acceptance"]["draft"][0] > 0.9
 
 
-def test_a_draft_model_that_keeps_missing_costs_one_short_probe_per_probe_after_steps():
+def test_a_draft_model_that_keeps_missing_is_probed_ever_less_often():
     policy, _ = policy_and_drafter()
-    plans = run(policy, 4 * PROBE_AFTER, accepted=lambda k: 0)
-    drafted = [(k, probe) for k, probe in plans if k]
-    assert all(probe and k <= PROBE_K for k, probe in drafted)
-    assert len(drafted) <= 4 + 1
+    plans = run(policy, 8 * PROBE_AFTER, accepted=lambda k: 0)
+    at = [i for i, (k, probe) in enumerate(plans) if k]
+    assert all(plans[i][1] and plans[i][0] <= PROBE_K for i in at)
+    # Each miss doubles the wait: probes at 0, then after 64 and 128 more steps (not every 32).
+    assert len(at) == 3 and at[1] - at[0] > 2 * PROBE_AFTER - 2 and at[2] - at[1] > 4 * PROBE_AFTER - 2
     # The probes' verdicts are learnt: its first position's estimate fell from the prior.
     assert policy.snapshot()["acceptance"]["draft"][0] < 0.5
 
@@ -130,3 +131,12 @@ def test_a_draft_model_slower_than_its_curve_is_priced_at_what_its_drafts_take()
             )
         )
     assert policy.snapshot()["draft_time_scale"]["draft"] > 2.0
+
+
+def test_a_later_probe_pays_its_catch_up():
+    """The request's first probe reads the draft's prompt unpriced; a later one prices the text it
+    must catch up on: where that costs more than the probe could win, there is none."""
+    policy, drafter = policy_and_drafter()
+    drafter.catch_up = lambda context: 64  # 64 tokens behind: 320 ms on the draft's curve
+    plans = run(policy, 4 * PROBE_AFTER, accepted=lambda k: 0)
+    assert [i for i, (k, _) in enumerate(plans) if k] == [0]

@@ -48,14 +48,14 @@ DRAFT_MODEL_PRIOR = 0.7
 # A draft model's acceptance is learnt only from the steps that draft with it, and one priced
 # below plain decoding at its estimate would never draft again, wherever the text turned (the
 # default 0.5B draft is accepted 96% on new code, yet at its 0.70 prior it was never tried). So
-# a draft model not drafted with for PROBE_AFTER steps of a request, or not yet in this request,
-# is offered as a probe: at most PROBE_K tokens, each priced at least PROBE_RATE, its catch-up
-# (the prompt, or the text written since) not counted. A probe costs its draft tokens and
-# PROBE_K more rows in one forward (~0.1-0.7 of a plain step on a 2-core CPU), once per
-# PROBE_AFTER steps at most, and a miss lowers the estimate it updates. A probe whose every
-# token was accepted is followed by another at the next step, until the estimate drafts by itself
-# or a probe misses: a draft accepted 96% of the time is drafted within a few steps.
-PROBE_AFTER, PROBE_K, PROBE_RATE = 32, 2, 0.9
+# at a request's start, and after PROBE_AFTER steps without it, a draft model is also offered as
+# a probe: at most PROBE_K tokens, each priced at least PROBE_RATE. A probe whose every token is
+# accepted is followed by another at the next step, until the estimate drafts by itself or a
+# probe misses; each miss doubles the wait before the next, up to PROBE_MAX_AFTER steps. The
+# request's first probe and those that follow an accepted one do not price their catch-up (the
+# draft's own prompt, which every draft model reads once; a few tokens); one after a wait does
+# (the text written since, which on a 2-core CPU costs SmolLM2 2.5 target steps for 32 tokens).
+PROBE_AFTER, PROBE_K, PROBE_RATE, PROBE_MAX_AFTER = 32, 2, 0.9, 256
 # Proposals awaiting the committed tokens that score them (shadow scoring), at most.
 MAX_SHADOWS = 64
 # A copy that resumes after an edit: a lookup's proposal whose source position lies at most
@@ -131,7 +131,7 @@ class _Option:
     step_ms: float = 0.0
     draft: Draft | None = None  # a free drafter's proposal
     key: str | None = None  # the estimate a model drafter's verdict updates
-    probe: bool = False  # a model drafter's probe (PROBE_*): its catch-up is not priced
+    probe: bool = False  # a model drafter's probe (PROBE_*)
 
     def draft_ms(self, k: int) -> float:
         return 0.0 if k == 0 else self.first_ms + self.step_ms * (k - 1)
@@ -189,6 +189,8 @@ class AutoPolicy:
         self._diverged: dict[int, list[float]] = {}
         self._context: int | None = None  # the planned step's context length (prices its forward)
         self._since_drafted: dict[str, int] = {}  # a draft model: this request's steps since it drafted
+        self._probe_after: dict[str, int] = {}  # ... and the steps it waits for its next probe
+        self._probed: set[str] = set()  # the draft models whose next probe prices its catch-up
         self._probing: str | None = None  # the draft model the last step probed
         self._ledger = 0.0  # plain steps drafting lost (< 0) in this request, fading (LEDGER_*)
         self.last_decision: dict = {}
@@ -208,6 +210,8 @@ class AutoPolicy:
         _ = self.time.curve  # calibrate now (once per model and machine), not inside a step
         self._ledger = -START_DEBT
         self._since_drafted = {d.name: PROBE_AFTER for d in self._drafters if not d.free}  # new text: probe
+        self._probe_after = {d.name: PROBE_AFTER for d in self._drafters if not d.free}
+        self._probed = set()
         if self.line_ends is None:
             target = self.target
             marks = text_marks(target.tokenizer, target.vocab_size) if target is not None else None
@@ -368,7 +372,7 @@ class AutoPolicy:
         """A draft model's options this step: drafting at its estimate, its first token costing its
         catch-up (the tokens its cache lacks, priced at its curve, linearly past the curve's
         largest size) and each further token one draft forward; and, where it has not drafted for
-        PROBE_AFTER steps, a probe too."""
+        its probe interval (PROBE_*), a probe too."""
         key = drafter.name
         cost = self.draft_costs[key]
         scale = self._draft_scale.setdefault(key, Scale()).value
@@ -381,9 +385,10 @@ class AutoPolicy:
         missing = catch_up(context) if catch_up is not None else 1
         first_ms = cost.ms(min(missing, cost.max_n), self._context) * max(1.0, missing / cost.max_n)
         options = [_Option(drafter, est.expected_tokens(k_cap), first_ms=first_ms * scale, step_ms=step_ms, key=key)]
-        if since >= PROBE_AFTER:
+        if since >= self._probe_after.get(key, PROBE_AFTER):
             rates = [max(est.rate(i), PROBE_RATE) for i in range(min(k_cap, PROBE_K))]
-            probe = _Option(drafter, expected_tokens(rates), first_ms=step_ms, step_ms=step_ms, key=key, probe=True)
+            probe_first = first_ms * scale if key in self._probed else step_ms
+            probe = _Option(drafter, expected_tokens(rates), first_ms=probe_first, step_ms=step_ms, key=key, probe=True)
             options.append(probe)
         return options
 
@@ -412,6 +417,8 @@ class AutoPolicy:
         if drafted:
             self._since_drafted[drafter.name] = 0
         self._probing = drafter.name if drafted and option.probe else None
+        if self._probing:
+            self._probed.add(self._probing)
         # A probe's draft time (its catch-up unpriced) does not teach the draft's time scale.
         predicted = 0.0 if not drafted or option.probe else option.draft_ms(k) / scale.value
         self._last = (option.key, predicted) if drafted else (None, 0.0)
@@ -437,7 +444,10 @@ class AutoPolicy:
         if step.num_drafted and key is not None:
             self._estimates[key].update(step.num_drafted, step.num_accepted)
             if self._probing == key and step.num_accepted == step.num_drafted:
-                self._since_drafted[key] = PROBE_AFTER  # all accepted: probe again next step
+                self._since_drafted[key] = self._probe_after[key] = PROBE_AFTER  # all accepted: again next step
+                self._probed.discard(key)  # ... its catch-up a few tokens, unpriced
+            elif self._probing == key:
+                self._probe_after[key] = min(PROBE_MAX_AFTER, 2 * self._probe_after[key])
             if predicted_draft > 0 and key in self._draft_scale:
                 self._draft_scale[key].update(step.draft_ms, predicted_draft)
         self._last = None
