@@ -140,3 +140,17 @@ def test_a_later_probe_pays_its_catch_up():
     drafter.catch_up = lambda context: 64  # 64 tokens behind: 320 ms on the draft's curve
     plans = run(policy, 4 * PROBE_AFTER, accepted=lambda k: 0)
     assert [i for i, (k, _) in enumerate(plans) if k] == [0]
+
+
+def test_a_draft_known_to_miss_is_not_probed_at_the_optimistic_price():
+    """Once a draft's first position has PROBE_EVIDENCE drafts behind it, a probe is priced at its
+    estimate plus PROBE_BONUS: one accepted half the time is no longer probed in each request."""
+    from draftwise.policy.auto import PROBE_EVIDENCE
+
+    policy, drafter = policy_and_drafter()
+    est = policy._estimate("draft", 0.7)
+    for i in range(12):
+        est.update(2, i % 2)  # its first token accepted half the time, the second never
+    assert est.trials[0] >= PROBE_EVIDENCE and est.rate(0) < 0.6
+    policy.begin([drafter], SpeculationConfig())  # a new request: a probe is due
+    assert run(policy, 1, accepted=lambda k: 0)[0][0] == 0
