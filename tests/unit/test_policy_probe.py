@@ -134,10 +134,10 @@ def test_a_draft_model_slower_than_its_curve_is_priced_at_what_its_drafts_take()
 
 
 def test_a_later_probe_pays_its_catch_up():
-    """The request's first probe reads the draft's prompt unpriced; a later one prices the text it
-    must catch up on: where that costs more than the probe could win, there is none."""
+    """The request's first probe spreads its catch-up over PROBE_AFTER steps; a later one prices the
+    text it must catch up on whole: where that costs more than the probe could win, there is none."""
     policy, drafter = policy_and_drafter()
-    drafter.catch_up = lambda context: 64  # 64 tokens behind: 320 ms on the draft's curve
+    drafter.catch_up = lambda context: 64 if policy._probed else 2  # later 64 behind: 320 ms
     plans = run(policy, 4 * PROBE_AFTER, accepted=lambda k: 0)
     assert [i for i, (k, _) in enumerate(plans) if k] == [0]
 
@@ -154,3 +154,12 @@ def test_a_draft_known_to_miss_is_not_probed_at_the_optimistic_price():
     assert est.trials[0] >= PROBE_EVIDENCE and est.rate(0) < 0.6
     policy.begin([drafter], SpeculationConfig())  # a new request: a probe is due
     assert run(policy, 1, accepted=lambda k: 0)[0][0] == 0
+
+
+def test_a_long_prompt_to_catch_up_on_is_spread_over_the_steps_it_informs():
+    """An 8-token prompt on the draft (40 ms here) is priced at 1/PROBE_AFTER of that in the
+    request's first probe: worth it on these costs, where a 320-token one (1.6 s) is not."""
+    for behind, probed in ((8, True), (320, False)):
+        policy, drafter = policy_and_drafter()
+        drafter.catch_up = lambda context, behind=behind: behind
+        assert bool(run(policy, 1, accepted=lambda k: k)[0][0]) == probed

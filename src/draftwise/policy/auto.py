@@ -52,9 +52,10 @@ DRAFT_MODEL_PRIOR = 0.7
 # a probe: at most PROBE_K tokens, each priced at least PROBE_RATE. A probe whose every token is
 # accepted is followed by another at the next step, until the estimate drafts by itself or a
 # probe misses; each miss doubles the wait before the next, up to PROBE_MAX_AFTER steps. The
-# request's first probe and those that follow an accepted one do not price their catch-up (the
-# draft's own prompt, which every draft model reads once; a few tokens); one after a wait does
-# (the text written since, which on a 2-core CPU costs SmolLM2 2.5 target steps for 32 tokens).
+# request's first probe and those that follow an accepted one price their catch-up (the draft's
+# own prompt; a few tokens) spread over PROBE_AFTER steps; one after a wait prices it whole (the
+# text written since, which on a 2-core CPU costs SmolLM2 2.5 target steps for 32 tokens, and
+# its prompt of 150 tokens 10).
 PROBE_AFTER, PROBE_K, PROBE_RATE, PROBE_MAX_AFTER = 32, 2, 0.9, 256
 # Once its first position has PROBE_EVIDENCE judged drafts (decayed) behind it, a probe is priced
 # at its estimate plus PROBE_BONUS (up to PROBE_RATE) instead: a draft known to be accepted half
@@ -393,7 +394,11 @@ class AutoPolicy:
             known = (est.trials[0] if est.trials else 0.0) >= PROBE_EVIDENCE
             rates = [est.rate(i) for i in range(min(k_cap, PROBE_K))]
             rates = [max(r, min(PROBE_RATE, r + PROBE_BONUS) if known else PROBE_RATE) for r in rates]
-            probe_first = first_ms * scale if key in self._probed else step_ms
+            # After a wait, the probe pays its whole catch-up; else (the request's first probe, whose
+            # catch-up is the draft's prompt, and one after an accepted probe) that catch-up is spread
+            # over the PROBE_AFTER steps its verdict informs.
+            catch_up_ms = max(0.0, first_ms * scale - step_ms)
+            probe_first = step_ms + (catch_up_ms if key in self._probed else catch_up_ms / PROBE_AFTER)
             probe = _Option(drafter, expected_tokens(rates), first_ms=probe_first, step_ms=step_ms, key=key, probe=True)
             options.append(probe)
         return options
