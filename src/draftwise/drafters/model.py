@@ -81,17 +81,20 @@ class ModelDrafter(BaseDrafter):
         self.num_reused_tokens = 0
         self._first_proposal = True
 
+    def _kept(self, context: Sequence[int]) -> int:
+        """Cached positions a proposal after context keeps: the shared prefix, less the last token
+        of context (always fed, for its logits)."""
+        return min(common_prefix_length(self.backend.cached_ids, context), len(context) - 1)
+
     def catch_up(self, context: Sequence[int]) -> int:
         """Tokens the draft must feed before its first draft token after context: what its cache
         lacks (the whole prompt at a request's first proposal), at least the last one."""
-        keep = min(common_prefix_length(self.backend.cached_ids, context), len(context) - 1)
-        return max(1, len(context) - keep)
+        return max(1, len(context) - self._kept(context))
 
     def _next_logits(self, context: Sequence[int]) -> np.ndarray:
         """Bring the cache to context[:-1] + feed the rest; logits [V] after context."""
         backend = self.backend
-        keep = common_prefix_length(backend.cached_ids, context)
-        keep = min(keep, len(context) - 1)  # always feed at least one token to get logits
+        keep = self._kept(context)
         if self._first_proposal:
             self.num_reused_tokens, self._first_proposal = keep, False
         if keep < backend.num_cached:

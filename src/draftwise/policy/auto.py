@@ -389,11 +389,11 @@ class AutoPolicy:
         catch_up = getattr(drafter, "catch_up", None)
         missing = catch_up(context) if catch_up is not None else 1
         first_ms = cost.ms(min(missing, cost.max_n), self._context) * max(1.0, missing / cost.max_n)
-        options = [_Option(drafter, est.expected_tokens(k_cap), first_ms=first_ms * scale, step_ms=step_ms, key=key)]
+        rates = est.rates(k_cap)
+        options = [_Option(drafter, expected_tokens(rates), first_ms=first_ms * scale, step_ms=step_ms, key=key)]
         if since >= self._probe_after.get(key, PROBE_AFTER):
             known = (est.trials[0] if est.trials else 0.0) >= PROBE_EVIDENCE
-            rates = [est.rate(i) for i in range(min(k_cap, PROBE_K))]
-            rates = [max(r, min(PROBE_RATE, r + PROBE_BONUS) if known else PROBE_RATE) for r in rates]
+            rates = [max(r, min(PROBE_RATE, r + PROBE_BONUS) if known else PROBE_RATE) for r in rates[:PROBE_K]]
             # After a wait, the probe pays its whole catch-up; else (the request's first probe, whose
             # catch-up is the draft's prompt, and one after an accepted probe) that catch-up is spread
             # over the PROBE_AFTER steps its verdict informs.
@@ -430,7 +430,8 @@ class AutoPolicy:
         self._probing = drafter.name if drafted and option.probe else None
         if self._probing:
             self._probed.add(self._probing)
-        # A probe's draft time (its catch-up unpriced) does not teach the draft's time scale.
+        # A probe's draft time (its catch-up spread over PROBE_AFTER steps, or left out) does not
+        # teach the draft's time scale.
         predicted = 0.0 if not drafted or option.probe else option.draft_ms(k) / scale.value
         self._last = (option.key, predicted) if drafted else (None, 0.0)
         self.last_decision = {

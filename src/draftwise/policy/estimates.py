@@ -69,12 +69,12 @@ class AcceptanceEstimate:
         pulled back to the prior (a draft accepted 96% of the time at positions 0-1 and once at
         2 would price 2 at 0.78), and one never drafted borrows the last observed rate, or k
         could never grow past the positions it has already tried."""
-        rates = self._rates_to(i)
-        return rates[i]
+        return self.rates(i + 1)[i]
 
-    def _rates_to(self, i: int) -> list[float]:
+    def rates(self, k: int) -> list[float]:
+        """[c_0, ..., c_{k-1}], each shrunk as rate() says."""
         w, out = self.prior_weight, []
-        for j in range(i + 1):
+        for j in range(k):
             base = self.prior_at(0)
             if j:
                 base = min(1.0, out[-1] * self.prior_at(j) / max(1e-9, self.prior_at(j - 1)))
@@ -94,10 +94,10 @@ class AcceptanceEstimate:
 
     def expected_tokens(self, k: int) -> list[float]:
         """[E(0), E(1), ..., E(k)]: expected committed tokens when drafting j tokens."""
-        return expected_tokens(self._rates_to(k - 1) if k > 0 else [])
+        return expected_tokens(self.rates(k))
 
     def summary(self, n: int = 8) -> list[float]:
-        return [round(r, 3) for r in self._rates_to(n - 1)]
+        return [round(r, 3) for r in self.rates(n)]
 
 
 class CopyEstimate:
