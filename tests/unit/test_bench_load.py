@@ -17,7 +17,7 @@ from starlette.applications import Starlette
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from draftwise.bench import load, load_report
+from draftwise.bench import load, load_report, serve_process
 from draftwise.cli import main
 
 PIECES = ["Hel", "lo", " wor", "ld"]
@@ -202,7 +202,7 @@ def test_api_key_is_sent_and_a_refusal_is_a_clear_error():
 
 
 def test_api_keys_are_redacted_from_command_lines():
-    assert load.redact_api_keys(
+    assert serve_process.redact_api_keys(
         [
             "bench-serve",
             "--api-key",
@@ -288,7 +288,7 @@ def test_cli_with_url(fake, tmp_path):
     ],
 )
 def test_cli_bad_input(args, message, tmp_path):
-    args = [a.format(port=load.free_port(), tmp=tmp_path) for a in args]
+    args = [a.format(port=serve_process.free_port(), tmp=tmp_path) for a in args]
     result = CliRunner().invoke(main, ["bench-serve", "--out", str(tmp_path / "out"), *args])
     assert result.exit_code == 2, result.output
     assert message in result.output and "Traceback" not in result.output
@@ -326,7 +326,7 @@ def test_cli_starts_draftwise_serve_and_stops_it(tiny_gguf_dir, tmp_path):
 
 def test_started_server_that_exits_shows_its_output():
     with pytest.raises(load.LoadError, match=r"exited with status 2(.|\n)*neither a known name"):
-        with load.ServeProcess(["--target", "/no/such/model.gguf"], startup_timeout_s=60):
+        with serve_process.ServeProcess(["--target", "/no/such/model.gguf"], startup_timeout_s=60):
             pass
 
 

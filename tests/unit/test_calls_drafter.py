@@ -3,7 +3,7 @@ tools, the values left to the model; and the same answers, greedy, with it and w
 
 import pytest
 
-from draftwise.backends.hf import ByteTokenizer
+from draftwise.backends.hf_tokenizers import ByteTokenizer
 from draftwise.backends.toy import ToyBackend
 from draftwise.drafters.calls import CallsDrafter, InValue, align
 from draftwise.drafters.calls import _split as split

@@ -14,13 +14,8 @@ pytest.importorskip("transformers")
 from scipy.stats import chisquare
 
 from draftwise.backends.base import BackendError, ContextOverflowError, sync_cache
-from draftwise.backends.hf import (
-    ByteTokenizer,
-    HFBackend,
-    HFTokenizer,
-    resolve_device,
-    resolve_dtype,
-)
+from draftwise.backends.hf import HFBackend, resolve_device, resolve_dtype
+from draftwise.backends.hf_tokenizers import ByteTokenizer, HFTokenizer
 from draftwise.drafters import ModelDrafter, NgramDrafter
 from draftwise.engine import Engine
 from draftwise.sampling import distribution

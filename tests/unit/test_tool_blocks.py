@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from draftwise.backends.hf import ByteTokenizer
+from draftwise.backends.hf_tokenizers import ByteTokenizer
 from draftwise.constraints import Constraint, compile_constraint
 from draftwise.tools import ToolChoice, parse_tools, tool_plan
 from draftwise.tools.formats import json_block

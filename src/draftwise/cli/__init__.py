@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import click
 
-from draftwise.cli import bench, chat, complete, corpus, generate, models, replay, serve
+from draftwise.cli import bench, bench_serve, chat, complete, corpus, generate, models, replay, serve
 
 __all__ = ["main"]
 
@@ -34,7 +34,7 @@ for command in (
     generate.demo,
     serve.serve,
     bench.bench,
-    bench.bench_serve,
+    bench_serve.bench_serve,
     models.calibrate,
     models.index,
     replay.replay,

@@ -125,18 +125,7 @@ def replay(
     path = Path(results_path or prompts_path)
     chosen = bench_prompts.filter_categories(pool, [c.strip() for c in categories.split(",")] if categories else None)
 
-    def make(name: str):
-        if name == "datastore":
-            if not datastore:
-                raise ConfigError("a set names 'datastore' but no --datastore was given")
-            return datastore_drafter(datastore)
-        if name not in FREE_DRAFTERS:
-            raise ConfigError(f"replay covers the free drafters ({', '.join(FREE_DRAFTERS)}, datastore), got {name!r}")
-        return free_drafter(name)
-
-    drafter_sets = {s.strip(): [make(n.strip()) for n in s.split("+")] for s in sets.split(",") if s.strip()}
-    if not drafter_sets:
-        raise ConfigError("--drafters names no drafter set")
+    drafter_sets = _drafter_sets(sets, datastore)
     backend = load_backend(
         target or meta.get("target", models.DEFAULT_TARGET), LoadOptions(backend=meta.get("backend", "auto"), n_ctx=256)
     )
@@ -177,6 +166,30 @@ def replay(
             )
         )
         return
+    _print_replay(path, curve, priced, prices, drafter_sets, summary, oracle, gap_rows if show_gaps else None, live)
+
+
+def _drafter_sets(sets: str, datastore) -> dict[str, list]:
+    """--drafters' sets by name ('ngram+suffix'), each its drafters (free ones, or the datastore)."""
+
+    def make(name: str):
+        if name == "datastore":
+            if not datastore:
+                raise ConfigError("a set names 'datastore' but no --datastore was given")
+            return datastore_drafter(datastore)
+        if name not in FREE_DRAFTERS:
+            raise ConfigError(f"replay covers the free drafters ({', '.join(FREE_DRAFTERS)}, datastore), got {name!r}")
+        return free_drafter(name)
+
+    drafter_sets = {s.strip(): [make(n.strip()) for n in s.split("+")] for s in sets.split(",") if s.strip()}
+    if not drafter_sets:
+        raise ConfigError("--drafters names no drafter set")
+    return drafter_sets
+
+
+def _print_replay(path, curve, priced, prices, drafter_sets, summary, oracle, gap_rows, live) -> None:
+    """The replay's tables: tokens/step and speedup per category and set (and the oracle's), the
+    gaps where asked (gap_rows not None), and each live method's time account against the replay."""
     from rich.console import Console
     from rich.table import Table
 
@@ -206,35 +219,42 @@ def replay(
         )
     console = Console(width=160)
     console.print(table)
-    if show_gaps:
+    if gap_rows is not None:
         console.print(_gap_table(gap_rows))
     for result, buckets in live:
-        split = Table(
-            title=f"{result.method}: measured decode time against the replayed forwards of the same "
-            f"{result.num_steps} steps (kept {result.kept:.1%})"
-        )
-        for column in ("measured ms", "replayed ms", "cost-curve error", "noise", "step overhead", "other"):
-            split.add_column(column, justify="right")
-        split.add_row(
-            *(
-                f"{v:.0f}"
-                for v in (
-                    result.decode_ms,
-                    result.replayed_ms,
-                    result.curve_error_ms,
-                    result.noise_ms,
-                    result.overhead_ms,
-                    result.other_ms,
-                )
+        _print_account(console, result, buckets)
+
+
+def _print_account(console, result, buckets) -> None:
+    """One live method's decode time split against its replayed forwards, and by rows x context."""
+    from rich.table import Table
+
+    split = Table(
+        title=f"{result.method}: measured decode time against the replayed forwards of the same "
+        f"{result.num_steps} steps (kept {result.kept:.1%})"
+    )
+    for column in ("measured ms", "replayed ms", "cost-curve error", "noise", "step overhead", "other"):
+        split.add_column(column, justify="right")
+    split.add_row(
+        *(
+            f"{v:.0f}"
+            for v in (
+                result.decode_ms,
+                result.replayed_ms,
+                result.curve_error_ms,
+                result.noise_ms,
+                result.overhead_ms,
+                result.other_ms,
             )
         )
-        console.print(split)
-        by_bucket = Table(title="forward by rows x context: measured against the curve (ms per step)")
-        for column in ("rows from", "context from", "steps", "measured", "curve", "median ratio"):
-            by_bucket.add_column(column, justify="right")
-        for rows, ctx, n, measured, modelled, ratio in buckets:
-            by_bucket.add_row(str(rows), str(ctx), str(n), f"{measured:.1f}", f"{modelled:.1f}", f"{ratio:.2f}")
-        console.print(by_bucket)
+    )
+    console.print(split)
+    by_bucket = Table(title="forward by rows x context: measured against the curve (ms per step)")
+    for column in ("rows from", "context from", "steps", "measured", "curve", "median ratio"):
+        by_bucket.add_column(column, justify="right")
+    for rows, ctx, n, measured, modelled, ratio in buckets:
+        by_bucket.add_row(str(rows), str(ctx), str(n), f"{measured:.1f}", f"{modelled:.1f}", f"{ratio:.2f}")
+    console.print(by_bucket)
 
 
 def _sources(results_path, prompts_path):
