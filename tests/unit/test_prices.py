@@ -19,6 +19,7 @@ from draftwise.policy.prices import (
     CLIP,
     FULL_AT,
     MIN_SEEN,
+    RUN_WEIGHT,
     CorrectedCurve,
     PriceBook,
     context_bucket,
@@ -113,14 +114,27 @@ def test_the_prices_persist_beside_the_cached_curve_and_start_the_next_run(tmp_p
     first = TargetTime(target, CURVE)
     live_run(first, 2 * SAVE_EVERY)  # SAVE_EVERY many-row forwards: saved once
     saved = json.loads(path.read_text())
-    assert saved["version"] == 1 and saved["factors"]["64:1024"] == pytest.approx(1.12, abs=0.03)
-    # The next run on this host starts at the learnt price, before it has observed anything.
+    learnt = first.shape(49, 800)
+    assert learnt == pytest.approx(1.12, abs=0.03)
+    # Saved a third of the way from where the run started (the curve's 1) to what it learnt.
+    assert saved["version"] == 1 and saved["factors"]["64:1024"] == pytest.approx(
+        1 + RUN_WEIGHT * (learnt - 1), abs=1e-3
+    )
+    # The next run on this host starts there, before it has observed anything.
     second = TargetTime(target, CURVE)
-    assert second.shape(49, 800) == pytest.approx(1.12, abs=0.03)
-    assert second.ms(49, 800) == pytest.approx(second.shape(49, 800) * CURVE.ms(49, 800))
+    start = second.shape(49, 800)
+    assert start == pytest.approx(saved["factors"]["64:1024"], abs=1e-3) and 1.02 < start < 1.06
+    assert second.ms(49, 800) == pytest.approx(start * CURVE.ms(49, 800))
     # ... and follows its own forwards from there: this run's are as calibrated.
     live_run(second, 40, dearer=1.0, seed=1)
     assert second.shape(49, 800) == pytest.approx(1.0, abs=0.03)
+    # Runs average: a third run that meets 1.12 again saves a third of the way from its own start.
+    prior = json.loads(path.read_text())["factors"]["64:1024"]
+    third = TargetTime(target, CURVE)
+    live_run(third, 2 * SAVE_EVERY, seed=2)
+    again_saved = json.loads(path.read_text())["factors"]["64:1024"]
+    assert again_saved == pytest.approx(prior + RUN_WEIGHT * (third.shape(49, 800) - prior), abs=0.01)
+    assert prior < again_saved < third.shape(49, 800)
     # A curve measured again is not corrected by the prices of the old one.
     again = CostCurve(((1, 31.0), (64, 820.0)), context_len=256)
     assert TargetTime(target, again).shape(49, 800) == 1.0

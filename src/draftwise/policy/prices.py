@@ -1,7 +1,8 @@
 """Prices from the run's own forwards: how far a target forward over n rows at a context runs from
 the calibrated curve, relative to a one-row forward, per rows x context bucket (PriceBook: the
 median of each bucket's last WINDOW observations, robust to a disturbed one), kept beside the
-cached curve so a host's next run starts from it, and the curve corrected by it (CorrectedCurve).
+cached curve so a host's next run starts from it (a third of the way from the price that run started
+from: RUN_WEIGHT), and the curve corrected by it (CorrectedCurve).
 """
 
 from __future__ import annotations
@@ -27,6 +28,13 @@ WINDOW = 24
 # prior (a previous run's, else the same rows' at other contexts, else 1): three slow forwards
 # move a price a quarter of their way.
 MIN_SEEN, FULL_AT = 3, 12
+# What one run's learnt prices move the saved ones by (the next run's priors): a third of the way
+# from the price the run started from. A run's price is the host's state during that run as much
+# as the curve's error: on a 2-core Intel Xeon (AVX-512) two runs of the same edits an hour apart
+# priced the rows buckets 3-11% apart, and a run that started from the previous runs' prices in full
+# met forwards of 3-4 and 33-64 rows 10-11% dearer than them, 1-4% from the curve's
+# (docs/bench/policy-unseen/intel-repeats). Averaged over runs, what persists is the host's own.
+RUN_WEIGHT = 1 / 3
 # Observed / calibrated is clipped to this range before it enters a window (a forward that was
 # interrupted or ran on a stopped machine is not a price).
 CLIP = (0.5, 2.0)
@@ -95,8 +103,14 @@ class PriceBook:
             self._rows[key[0]] = statistics.median(full)
 
     def factors(self) -> dict[Key, float]:
-        """What a next run starts from: the priors, overwritten by every bucket seen MIN_SEEN times."""
-        return {**self.priors, **self._own}
+        """What a next run starts from: every bucket seen MIN_SEEN times moved RUN_WEIGHT of the
+        way from the price this run started from (its prior, else 1: the curve's) to this run's;
+        the other priors as they were. Example: prior 1.12, this run's price 0.97 -> 1.07."""
+        out = dict(self.priors)
+        for key, own in self._own.items():
+            start = self.priors.get(key, 1.0)
+            out[key] = start + RUN_WEIGHT * (own - start)
+        return out
 
     def save(self, path: Path, curve: CostCurve) -> None:
         """Written aside and renamed (a reader sees the old file or the new one)."""
