@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from draftwise import models
+from draftwise.calibrate import _context_ids
 from draftwise.loading import LoadOptions, free_drafter, load_backend
 from draftwise.types import SamplingParams, SpeculationConfig
 
@@ -105,7 +106,7 @@ def for_seconds(x, n: int, seconds: float) -> list[tuple[float, float]]:
 
 def sustained_part(args, x) -> dict:
     x.reset()
-    x.prefill([(7919 * i + 13) % min(x.vocab_size, 32000) for i in range(args.context)])
+    x.prefill(_context_ids(args.context, x.vocab_size))
     rounds = []
     for i in range(args.rounds):
         before = for_seconds(x, 1, args.seconds)

@@ -240,13 +240,37 @@ def bench_serve(
             from draftwise.bench.prompts import load_suite
 
             typing = ks.sessions_from(load_suite("fim"), sessions, chars, prefix_lines, suffix_lines)
-            options = dict(every=every, char_ms=char_ms, n_predict=max_tokens, timeout_s=timeout_s, api_key=api_key)
-            _run_keystrokes(target, typing, out, meta, modes=modes, open_line=open_line, **options)
+            _run_keystrokes(
+                target,
+                typing,
+                out,
+                meta=meta,
+                every=every,
+                char_ms=char_ms,
+                n_predict=max_tokens,
+                timeout_s=timeout_s,
+                api_key=api_key,
+                modes=modes,
+                open_line=open_line,
+            )
             return
         if duration_min is not None:
-            soak = dict(warm_s=warm_minutes * 60, seed=seed, max_tokens=max_tokens, model=model, api_key=api_key)
-            pid = server_pid if url else started.proc.pid
-            _run_soak(target, prompts, levels[0], duration_min * 60, pid, rss_every, out, meta, timeout_s, soak)
+            _run_soak(
+                target,
+                prompts,
+                levels[0],
+                duration_min * 60,
+                out,
+                server_pid=server_pid if url else started.proc.pid,
+                rss_every_s=rss_every,
+                warm_s=warm_minutes * 60,
+                seed=seed,
+                max_tokens=max_tokens,
+                model=model,
+                api_key=api_key,
+                timeout_s=timeout_s,
+                meta=meta,
+            )
             return
 
         def say(s: dict) -> None:
@@ -268,9 +292,12 @@ def bench_serve(
             meta=meta,
             progress=say,
         )
-    report = load_report.write_outputs(results, out)
-    click.echo(f"results: {out / 'results.json'}\nreport: {report}", err=True)
+    _said_written(out, load_report.write_outputs(results, out))
     click.echo(load_report.level_table(results))
+
+
+def _said_written(out: Path, report) -> None:
+    click.echo(f"results: {out / 'results.json'}\nreport: {report}", err=True)
 
 
 def _compare_runs(compare: bool, compare_dirs, out: Path) -> None:
@@ -330,26 +357,27 @@ def _chat_prompts(suite, prompts_file) -> tuple[list, list[str]]:
     return prompts, sources
 
 
-def _run_keystrokes(url: str, typing, out: Path, meta: dict, **options) -> None:
-    """--keystrokes: the sessions typed against the server's /infill, each request's latency said."""
+def _run_keystrokes(url: str, typing, out: Path, **options) -> None:
+    """--keystrokes: the sessions typed against the server's /infill (keystrokes.run_keystrokes'
+    options), each request's latency said."""
     from draftwise.bench import keystrokes as ks
 
     def typed(mode, session, got) -> None:
         lat = ", ".join(f"{1000 * r.latency_s:.0f}" + ("s" if r.superseded else "") for r in got)
         click.echo(f"{mode} {session.name}: {lat} ms (s: superseded)", err=True)
 
-    results = ks.run_keystrokes(url, typing, meta=meta, progress=typed, **options)
-    report = ks.write_outputs(results, out)
-    click.echo(f"results: {out / 'results.json'}\nreport: {report}", err=True)
+    results = ks.run_keystrokes(url, typing, progress=typed, **options)
+    _said_written(out, ks.write_outputs(results, out))
     click.echo(ks.markdown(results))
 
 
-def _run_soak(url, prompts, level, seconds, pid, rss_every, out, meta, timeout_s, soak: dict) -> None:
-    """--duration: one concurrency level for `seconds`, the server's RSS sampled (pid), a line per
-    failure and at most one per SOAK_PROGRESS_EVERY_S otherwise; the verdict printed."""
+def _run_soak(url, prompts, level: int, seconds: float, out: Path, **options) -> None:
+    """--duration: one concurrency level for `seconds` (load.run_soak's options: the server's RSS
+    sampled at server_pid), a line per failure and at most one per SOAK_PROGRESS_EVERY_S otherwise;
+    the verdict printed."""
     from draftwise.bench import load, load_report
 
-    if pid is None:
+    if options["server_pid"] is None:
         click.echo("note: RSS is not sampled: give --server-pid PID of the server at --url", err=True)
     last_said = [float("-inf")]
 
@@ -365,21 +393,9 @@ def _run_soak(url, prompts, level, seconds, pid, rss_every, out, meta, timeout_s
         )
         click.echo(f"{t_s / 60:6.2f} min: request {record.index} (prompt {record.prompt}) {outcome}{rss}", err=True)
 
-    results = load.run_soak(
-        url,
-        prompts,
-        level,
-        seconds,
-        server_pid=pid,
-        rss_every_s=rss_every,
-        timeout_s=timeout_s,
-        meta=meta,
-        progress=said,
-        **soak,
-    )
-    report = load_report.write_outputs(results, out)
+    results = load.run_soak(url, prompts, level, seconds, progress=said, **options)
+    _said_written(out, load_report.write_outputs(results, out))
     summary = results["soak"]["summary"]
-    click.echo(f"results: {out / 'results.json'}\nreport: {report}", err=True)
     click.echo(load_report.level_table(results))
     click.echo(
         f"soak: {summary['num_ok']} requests done, {summary['num_errors']} failed; RSS flat: "

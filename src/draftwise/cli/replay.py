@@ -151,14 +151,14 @@ def replay(
         backend.close()
     oracle = oracle or show_gaps
     summary = bench_replay.summarize(runs)
-    gap_rows = _gap_rows(bench_replay.gaps(runs)) if show_gaps else []
+    gap_rows = _gap_rows(bench_replay.gaps(runs)) if show_gaps else None
     live = bench_account.splits(results, curve) if results else []  # records with a time account
     if as_json:
         click.echo(
             json.dumps(
                 {
                     **summary,
-                    **({"gaps": gap_rows} if show_gaps else {}),
+                    **({"gaps": gap_rows} if gap_rows is not None else {}),
                     **({"run_price_factors": [list(f) for f in priced.factors]} if priced is not None else {}),
                     **({"live_vs_replay": [dataclasses.asdict(s) | {"kept": s.kept} for s, _ in live]} if live else {}),
                 },
@@ -166,7 +166,7 @@ def replay(
             )
         )
         return
-    _print_replay(path, curve, priced, prices, drafter_sets, summary, oracle, gap_rows if show_gaps else None, live)
+    _print_replay(path, curve, priced, prices, drafter_sets, summary, oracle, gap_rows, live)
 
 
 def _drafter_sets(sets: str, datastore) -> dict[str, list]:
