@@ -1,5 +1,5 @@
-"""`draftwise serve` run for a benchmark (ServeProcess, on a free loopback port), and the command
-lines a results file keeps (redact_api_keys)."""
+"""Servers run for a benchmark: any server command (ServerProcess), `draftwise serve` on a free
+loopback port (ServeProcess), and the command lines a results file keeps (redact_api_keys)."""
 
 from __future__ import annotations
 
@@ -42,30 +42,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class ServeProcess:
-    """`draftwise serve SERVE_ARGS` on a free loopback port for a with block; `url` is its base URL.
+class ServerProcess:
+    """A server COMMAND listening on `url` for a with block, ready once its /health answers 200; `name`
+    says which in errors. Its output goes to a file, which `log_tail` reads.
 
-    Example: with ServeProcess(["--draft", "ngram"]) as server: run_bench(server.url, prompts, [1, 2]).
+    Example: with ServerProcess(["llama-server", "-m", "m.gguf", "--port", "8090"], "http://127.0.0.1:8090",
+    "llama-server") as server: ...
     """
 
-    def __init__(self, serve_args: Sequence[str], startup_timeout_s: float = 600.0) -> None:
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
+    def __init__(self, command: Sequence[str], url: str, name: str, startup_timeout_s: float = 600.0) -> None:
+        self.command = list(command)
+        self.url = url
+        self.name = name
         self.startup_timeout_s = startup_timeout_s
-        # NOTE: --host/--port go last: click keeps an option's last value, so serve_args cannot move the server.
-        self.command = [
-            sys.executable,
-            "-m",
-            "draftwise.cli",
-            "serve",
-            *serve_args,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ]
 
-    def __enter__(self) -> ServeProcess:
+    def __enter__(self) -> ServerProcess:
         # NOTE: output goes to a file, not a pipe: nothing reads a pipe during the run, and a full one blocks
         # the server.
         self.log = tempfile.TemporaryFile(mode="w+")
@@ -93,12 +84,12 @@ class ServeProcess:
                 pass
             if time.monotonic() > deadline:
                 raise LoadError(
-                    f"draftwise serve did not answer /health within {self.startup_timeout_s:g} s; "
+                    f"{self.name} did not answer /health within {self.startup_timeout_s:g} s; "
                     f"its output ends:\n{self.log_tail()}"
                 )
             time.sleep(0.25)
         raise LoadError(
-            f"draftwise serve exited with status {self.proc.returncode} before answering; "
+            f"{self.name} exited with status {self.proc.returncode} before answering; "
             f"its output ends:\n{self.log_tail()}"
         )
 
@@ -107,10 +98,33 @@ class ServeProcess:
         return "\n".join(self.log.read().strip().splitlines()[-num_lines:])
 
     def __exit__(self, *exc_info) -> None:
-        self.proc.terminate()  # uvicorn shuts down gracefully on SIGTERM
+        self.proc.terminate()  # uvicorn and llama-server shut down gracefully on SIGTERM
         try:
             self.proc.wait(15)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
         self.log.close()
+
+
+class ServeProcess(ServerProcess):
+    """`draftwise serve SERVE_ARGS` on a free loopback port for a with block; `url` is its base URL.
+
+    Example: with ServeProcess(["--draft", "ngram"]) as server: run_bench(server.url, prompts, [1, 2]).
+    """
+
+    def __init__(self, serve_args: Sequence[str], startup_timeout_s: float = 600.0) -> None:
+        port = free_port()
+        # NOTE: --host/--port go last: click keeps an option's last value, so serve_args cannot move the server.
+        command = [
+            sys.executable,
+            "-m",
+            "draftwise.cli",
+            "serve",
+            *serve_args,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ]
+        super().__init__(command, f"http://127.0.0.1:{port}", "draftwise serve", startup_timeout_s)

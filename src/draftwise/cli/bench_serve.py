@@ -1,5 +1,6 @@
 """draftwise bench-serve: a load test of an OpenAI-compatible server (concurrency levels, a soak,
-or replayed editor keystrokes), and the comparison of earlier runs."""
+or replayed editor keystrokes), several servers side by side (cli/bench_peers.py), and the
+comparison of earlier runs."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from draftwise.cli.bench_peers import PeerOptions, peer_options
 from draftwise.cli.common import csv, friendly_errors
 from draftwise.errors import ConfigError
 
@@ -174,6 +176,7 @@ SOAK_PROGRESS_EVERY_S = 10.0  # --duration: seconds between progress lines (fail
     "and wait for its answer, as an editor asks when the cursor arrives and the user reads the suggestion; "
     "--no-open-line starts typing on whatever the cache holds.",
 )
+@peer_options
 @friendly_errors
 def bench_serve(
     compare_dirs,
@@ -205,17 +208,39 @@ def bench_serve(
     prefix_lines,
     suffix_lines,
     open_line,
+    **side_by_side,
 ) -> None:
     """Load-test an OpenAI-compatible server: C streaming clients per level; tok/s, TTFT and latency percentiles.
 
     Writes results.json, report.md and throughput.png to --out. With --compare, reads earlier runs instead.
     With --duration, a soak: one level for that long, the server's RSS sampled (rss.png).
+    With --server/--peer, several servers side by side on the same prompts (report.md: ratios to --baseline).
     """
     from draftwise.bench import load, load_report, serve_process
 
     out = Path(out_dir)
     if compare or compare_dirs:
         _compare_runs(compare, compare_dirs, out)
+        return
+    peers = PeerOptions(**side_by_side)
+    if peers.wanted:
+        from draftwise.cli import bench_peers
+
+        if url or serve_args or keystrokes or duration_min is not None:
+            raise click.UsageError(
+                "--server/--peer compare servers one request at a time; leave out --url, "
+                "--serve-args, --keystrokes and --duration"
+            )
+        bench_peers.run(
+            peers,
+            suite=suite,
+            prompts_file=prompts_file,
+            max_tokens=max_tokens,
+            timeout_s=timeout_s,
+            api_key=api_key,
+            startup_timeout=startup_timeout,
+            out=out,
+        )
         return
     _check_modes(levels, url, serve_args, duration_min, keystrokes, server_pid)
     prompts, sources = _chat_prompts(suite, prompts_file)
