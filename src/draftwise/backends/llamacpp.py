@@ -26,6 +26,7 @@ from draftwise.backends.base import (
     utf8,
 )
 from draftwise.backends.chat_templates import ChatTemplate, choose_template, named_template, render_builtin
+from draftwise.backends.llamacpp_load import LlamaModelContext, init_context, release_memory
 from draftwise.types import ConfigError
 
 # ggml cache types -> (bytes, elements) of one block; f16 (1) is llama.cpp's default cache type.
@@ -302,27 +303,19 @@ class LlamaCppBackend(_SequenceOps):
             raise ConfigError(f"slots must be >= 1, got {slots}")
         if slots > 1 and n_seq_max > 1:
             raise ConfigError("token trees (several branches) and parallel slots cannot be combined")
-        from llama_cpp import Llama
         from llama_cpp import llama_cpp as C
 
         self._c = C
         self.n_threads = n_threads or default_threads()
         # NOTE: with token trees (n_seq_max > 1) or slots we create our own context with several
-        # sequences over one unified KV cache; the Llama object then only holds the model
-        # and tokenizer, with a minimal context of its own. Unified, because a split cache
-        # makes llama.cpp cut a batch into ubatches of equal rows per sequence (split_equal):
-        # a step of one 17-row and three 1-row sequences would take several forwards.
+        # sequences over one unified KV cache; the model then keeps a minimal context of its own.
+        # Unified, because a split cache makes llama.cpp cut a batch into ubatches of equal rows
+        # per sequence (split_equal): a step of one 17-row and three 1-row sequences would take
+        # several forwards.
         own_ctx = n_seq_max > 1 or slots > 1
         try:
-            self._llm = Llama(
-                model_path=str(path),
-                n_ctx=256 if own_ctx else n_ctx,
-                n_batch=n_batch,
-                n_ubatch=n_batch,
-                n_threads=self.n_threads,
-                n_threads_batch=self.n_threads,
-                logits_all=False,
-                verbose=False,
+            self._llm = LlamaModelContext(
+                str(path), n_ctx=256 if own_ctx else n_ctx, n_batch=n_batch, n_threads=self.n_threads
             )
         except ValueError as exc:  # llama-cpp-python reports load failures as ValueError
             raise BackendError(f"llama.cpp could not load {path}: {exc}") from exc
@@ -340,12 +333,13 @@ class LlamaCppBackend(_SequenceOps):
             params.n_ctx, params.n_batch, params.n_ubatch = n_ctx * slots, n_batch, n_batch
             params.n_seq_max, params.kv_unified, params.no_perf = max(n_seq_max, slots), True, True
             params.n_threads = params.n_threads_batch = self.n_threads
-            from llama_cpp._utils import suppress_stdout_stderr
-
-            with suppress_stdout_stderr(disable=False):  # quiet, like Llama(verbose=False)
-                self._own_ctx = C.llama_init_from_model(self._llm.model, params)
-            if not self._own_ctx:
-                raise BackendError(f"llama.cpp could not create a context with {max(n_seq_max, slots)} sequences")
+            try:
+                self._own_ctx = init_context(
+                    C, self._llm.model, params, f"a context with {max(n_seq_max, slots)} sequences"
+                )
+            except ValueError as exc:
+                self.close()
+                raise BackendError(str(exc)) from exc
         self.n_seq_max = n_seq_max
         model = self._llm.model
         self._weight_bytes = int(C.llama_model_size(model))
@@ -588,6 +582,7 @@ class LlamaCppBackend(_SequenceOps):
         if self._llm is not None:
             self._llm.close()
             self._llm = None
+            release_memory()
 
     def __del__(self) -> None:
         try:
