@@ -221,7 +221,7 @@ class ScaledCurve(CostCurve):
 
 
 def cache_key(backend: Backend) -> str:
-    return _key(backend.identity, getattr(backend, "n_threads", 0), backend.n_ctx, _layout(backend))
+    return _key(backend.identity, backend.n_threads, backend.n_ctx, _layout(backend))
 
 
 def _layout(backend: Backend) -> str:
@@ -229,8 +229,8 @@ def _layout(backend: Backend) -> str:
     Its forwards are timed apart: on llama.cpp such a context runs flash attention (llama.cpp's
     default) where one sequence's does not, and 33 rows cost 1.09-1.11x as much there, one row
     the same; other slots' cells widen the attention too (docs/bench/live-prices)."""
-    caps = getattr(backend, "capabilities", None)  # NOTE: pairing's tests key a bare identity
-    return "sequences" if caps is not None and (caps.num_slots > 1 or caps.max_branches > 1) else ""
+    caps = backend.capabilities
+    return "sequences" if caps.num_slots > 1 or caps.max_branches > 1 else ""
 
 
 def _key(identity: str, threads: int, n_ctx: int, layout: str = "") -> str:
@@ -459,7 +459,7 @@ def load_or_measure(
                 "longest_context": max(contexts),
                 "backend": backend.name,
                 "identity": backend.identity,
-                "threads": getattr(backend, "n_threads", 0),
+                "threads": backend.n_threads,
             }
         )
     )

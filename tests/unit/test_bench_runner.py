@@ -60,7 +60,7 @@ class Wrapped:
 
     def __init__(self, engine, adjust):
         self.engine, self.adjust = engine, adjust
-        self.drafters, self.tokenizer = engine.drafters, engine.tokenizer
+        self.target, self.drafters, self.tokenizer = engine.target, engine.drafters, engine.tokenizer
         self.encode_prompt = engine.encode_prompt
         self.num_streams = 0
 

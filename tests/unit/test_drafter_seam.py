@@ -38,6 +38,7 @@ def test_defaults_keep_no_state_and_reuse_nothing():
     d = Echo()
     assert d.backend is None and d.num_reused_tokens == 0 and d.snapshot() is None
     assert d.propose_tree([1, 2, 1], 2, 4) is None  # chains only
+    assert d.acceptance_prior is None and d.catch_up([1, 2, 3, 4]) == 1  # the auto policy's prior; one token fed
     d.restore(d.snapshot())
     result = Engine(ToyBackend(TARGET), [d]).generate(
         prompt_ids=[1, 2, 3], sampling=SamplingParams(max_tokens=6, ignore_eos=True)
@@ -71,4 +72,5 @@ def test_begin_hands_the_prompt_and_the_tokenizer():
 )
 def test_every_drafter_has_the_whole_seam(drafter):
     assert isinstance(drafter, Drafter) and isinstance(drafter, BaseDrafter)
+    assert drafter.catch_up([1, 2, 3]) >= 1
     assert isinstance(drafter.for_slot(0), type(drafter))

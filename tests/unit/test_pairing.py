@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from draftwise import calibrate, loading, pairing, stores
+from draftwise.backends.base import Capabilities
 from draftwise.calibrate import CostCurve
 from draftwise.cli import main
 from draftwise.loading import Calibration, LoadOptions, load
@@ -65,7 +66,8 @@ def test_another_vocabulary_where_the_same_cannot_pay(home):
     small = home / "same-small.gguf"
     stat = small.stat()
     identity = f"{small.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
-    cached = calibrate.cache_file(type("B", (), {"identity": identity, "n_threads": 1, "n_ctx": 256})())
+    bare = {"identity": identity, "n_threads": 1, "n_ctx": 256, "capabilities": Capabilities()}
+    cached = calibrate.cache_file(type("B", (), bare)())
     cached.parent.mkdir(parents=True, exist_ok=True)
     cached.write_text(json.dumps(CostCurve.linear(30.0, 2.0, max_n=8).to_dict()))
     paired = _pair(home)

@@ -97,6 +97,9 @@ class Backend(Protocol):
     identity: str  # stable id for caches: path + size + mtime, or a config hash
     tokenizer: Tokenizer
     capabilities: Capabilities
+    #: The CPU threads its forwards run on (0: not a setting of this backend, e.g. on a GPU);
+    #: a cost curve is timed, and cached, per thread count.
+    n_threads: int
 
     @property
     def vocab_size(self) -> int: ...

@@ -171,6 +171,7 @@ class ToyBackend:
         self.name = name
         self.identity = f"toy:{name}:{model!r}" if model is not None else f"toy:{name}:{id(logits_fn)}"
         self.tokenizer = tokenizer or CharTokenizer(vocab_size)
+        self.n_threads = 0  # numpy's own, not a setting of this backend
         # Trees: no limit of its own, 16 bounds one. Its sequences are toy backends of one slot.
         self.capabilities = Capabilities(exact=True, dtype="float64", max_branches=16, num_slots=slots, batching=True)
         self.num_forwards = 0  # target forwards, for tests

@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from draftwise.bench import tool_calls
 from draftwise.bench.compare import compare_with_baseline, divergence
@@ -48,6 +48,9 @@ from draftwise.drafters import ModelDrafter, NgramDrafter
 from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.types import ConfigError, SamplingParams, SpeculationConfig
 
+if TYPE_CHECKING:
+    from draftwise.engine import Engine
+
 WARMUP_TOKENS = 4
 
 # What the CLI, scripts and tests read from the runner (some defined in its parts).
@@ -72,7 +75,7 @@ class BenchRunner:
 
     def __init__(
         self,
-        engine,
+        engine: Engine,
         prompts: Sequence[Prompt],
         config: BenchConfig,
         out_dir: str | Path,
@@ -134,9 +137,7 @@ class BenchRunner:
     def _weights(self) -> None:
         """The models' weights as their libraries hold them (weight_bytes), into meta.memory beside
         the load's resident-memory probes: target_weights_mb and NAME_weights_mb per model drafter."""
-        target = getattr(self.engine, "target", None)  # a wrapped engine (tests) may not show it
-        if target is not None:
-            self.memory.setdefault("target_weights_mb", _mb(target.weight_bytes()))
+        self.memory.setdefault("target_weights_mb", _mb(self.engine.target.weight_bytes()))
         for name, drafter in self.drafter_objects.items():
             if drafter.backend is not None:
                 self.memory.setdefault(f"{name}_weights_mb", _mb(drafter.backend.weight_bytes()))
@@ -146,10 +147,8 @@ class BenchRunner:
         used), kv_draft_bytes (the draft model's, where the method has one) and drafter_bytes (each
         of its other drafters' state, memory_bytes(): n-gram and suffix indexes, the datastore)."""
         out: dict = {}
-        target = getattr(self.engine, "target", None)
-        if target is not None:
-            kv = target.kv_bytes()
-            out["kv_target_bytes"] = {"allocated": kv["allocated"], "used": kv["used"]}
+        kv = self.engine.target.kv_bytes()
+        out["kv_target_bytes"] = {"allocated": kv["allocated"], "used": kv["used"]}
         drafters = [self.drafter_objects[d] for d in variant.method.drafters]
         caches = [d.backend.kv_bytes() for d in drafters if d.backend is not None]
         if caches:

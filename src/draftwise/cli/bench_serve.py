@@ -369,11 +369,8 @@ def _chat_prompts(suite, prompts_file) -> tuple[list, list[str]]:
         pool += load_suite(suite or "quick")
         sources.append(f"suite {suite or 'quick'}")
     # Chat prompts only: a fill-in-the-middle cut (suffix) or a tool prompt is another request shape.
-    # NOTE: getattr: a prompt's max_tokens is optional in the file format.
     prompts = [
-        (p.turns[0], getattr(p, "max_tokens", None)) if getattr(p, "max_tokens", None) else p.turns[0]
-        for p in pool
-        if p.suffix is None and not p.tools
+        (p.turns[0], p.max_tokens) if p.max_tokens else p.turns[0] for p in pool if p.suffix is None and not p.tools
     ]
     if not prompts:
         raise ConfigError(

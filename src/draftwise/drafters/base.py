@@ -49,6 +49,9 @@ class Drafter(Protocol):
     #: Drafting stops where the next token's confidence falls below this (0: never); the auto
     #: policy sets a draft model's from measured costs.
     min_confidence: float
+    #: The acceptance per draft token the auto policy starts from, one rate or one per position;
+    #: None: the policy's own (policy.auto.DRAFT_MODEL_PRIOR).
+    acceptance_prior: float | tuple[float, ...] | None
 
     def begin(
         self,
@@ -78,6 +81,11 @@ class Drafter(Protocol):
         """Up to max_branches continuations of context (a token tree); None: chains only."""
         ...
 
+    def catch_up(self, context: Sequence[int]) -> int:
+        """Tokens this drafter must feed before its first draft token after context (a draft
+        model: what its cache lacks); the auto policy prices them. At least 1."""
+        ...
+
     def for_slot(self, slot: int) -> Drafter:
         """A drafter of the same kind for the target's parallel slot `slot`, with its own state;
         raises ConfigError if it cannot serve parallel slots."""
@@ -101,12 +109,14 @@ class Drafter(Protocol):
 
 class BaseDrafter:
     """Defaults for the optional parts of the Drafter seam: no model, nothing reused, no
-    parallel slots, no token trees, and no state across requests."""
+    parallel slots, no token trees, no prior of its own, one token to catch up, and no state
+    across requests."""
 
     backend: Backend | None = None
     own_vocabulary: bool = False
     num_reused_tokens: int = 0
     min_confidence: float = 0.0
+    acceptance_prior: float | tuple[float, ...] | None = None
 
     def begin(
         self,
@@ -122,6 +132,9 @@ class BaseDrafter:
 
     def propose_tree(self, context: Sequence[int], max_tokens: int, max_branches: int) -> TreeDraft | None:
         return None
+
+    def catch_up(self, context: Sequence[int]) -> int:
+        return 1
 
     def for_slot(self, slot: int) -> Drafter:
         raise ConfigError(f"drafter {self.name!r} cannot serve parallel slots")  # type: ignore[attr-defined]

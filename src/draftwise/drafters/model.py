@@ -30,9 +30,6 @@ CATCH_UP_BATCH = 16  # up to this many missing tokens go in one forward with log
 
 class ModelDrafter(BaseDrafter):
     free = False
-    #: The acceptance per draft token the auto policy starts from (policy.auto.DRAFT_MODEL_PRIOR;
-    #: a draft of another vocabulary declares its own, measured): one rate, or one per position.
-    acceptance_prior: float | tuple[float, ...] | None = None
 
     def __init__(self, backend: Backend, name: str = "draft") -> None:
         self.backend = backend

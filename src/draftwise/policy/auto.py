@@ -43,7 +43,7 @@ MIN_GAIN = 1.10
 LOOKUP_SHARE = 0.01
 MAX_BACKOFF = 8
 # The prior acceptance of a draft model's token, until its own are observed (a drafter may
-# declare its own: ModelDrafter.acceptance_prior).
+# declare its own: Drafter.acceptance_prior, as CrossVocabDrafter does).
 DRAFT_MODEL_PRIOR = 0.7
 # A draft model's acceptance is learnt only from the steps that draft with it, and one priced
 # below plain decoding at its estimate would never draft again, wherever the text turned (the
@@ -381,13 +381,12 @@ class AutoPolicy:
         key = drafter.name
         cost = self.draft_costs[key]
         scale = self._draft_scale.setdefault(key, Scale()).value
-        prior = getattr(drafter, "acceptance_prior", None) or DRAFT_MODEL_PRIOR
+        prior = drafter.acceptance_prior or DRAFT_MODEL_PRIOR
         est = self._estimate(key, prior)
         step_ms = cost.ms(1, self._context) * scale
         since = self._since_drafted.get(key, 0)
         self._since_drafted[key] = since + 1
-        catch_up = getattr(drafter, "catch_up", None)
-        missing = catch_up(context) if catch_up is not None else 1
+        missing = drafter.catch_up(context)
         first_ms = cost.ms(min(missing, cost.max_n), self._context) * max(1.0, missing / cost.max_n)
         rates = est.rates(k_cap)
         options = [_Option(drafter, expected_tokens(rates), first_ms=first_ms * scale, step_ms=step_ms, key=key)]

@@ -133,7 +133,7 @@ class ServerMetrics:
             registry=self.registry,
         )
         models = {"target": engine.target}
-        models.update({d.name: d.backend for d in engine.drafters if getattr(d, "backend", None) is not None})
+        models.update({d.name: d.backend for d in engine.drafters if d.backend is not None})
         for name, backend in models.items():
             kv.labels(name, "reserved").set_function(lambda b=backend: b.kv_bytes()["allocated"])
             kv.labels(name, "used").set_function(lambda b=backend: b.kv_bytes()["used"])
@@ -144,7 +144,7 @@ class ServerMetrics:
             registry=self.registry,
         )
         for drafter in engine.drafters:
-            if getattr(drafter, "backend", None) is None:
+            if drafter.backend is None:
                 state.labels(drafter.name).set_function(lambda n=drafter.name: _drafter_bytes(engine, n))
 
     def observe_batch(self, rows: int) -> None:
