@@ -182,6 +182,7 @@ def test_cli_starts_a_tiny_draftwise_serve_beside_a_fake_server(tiny_gguf_dir, t
     assert [s["name"] for s in saved["meta"]["servers"]] == ["fake", "tiny"]
     tiny = saved["meta"]["servers"][1]
     assert tiny["command"].startswith("draftwise serve --target ") and "--draft ngram" in tiny["command"]
+    assert "--n-ctx" not in tiny["command"]  # draftwise serve gets only the shared options the command line gave
     records = saved["records"]
     assert len(records) == 4 and all(r["ok"] for r in records)
     assert all(r["prompt_tokens"] for r in records if r["server"] == "tiny")

@@ -77,13 +77,15 @@ class ServerSpec:
 @dataclass(frozen=True)
 class PeerSetup:
     """What every started server shares: the target GGUF, the threads and the context size; the draft
-    model (llama-server's draft-simple) and llama-server's binary where a peer needs them."""
+    model (llama-server's draft-simple) and llama-server's binary where a peer needs them. serve_args: the
+    same for draftwise serve as the command line gave them (none given: serve's defaults, which are these)."""
 
     target: str
     threads: int
     n_ctx: int
     draft_model: str | None = None
     llama_server: str | None = None
+    serve_args: tuple[str, ...] = ()
 
 
 def llama_server_command(spec: ServerSpec, setup: PeerSetup, port: int) -> list[str]:
@@ -111,9 +113,8 @@ def llama_server_command(spec: ServerSpec, setup: PeerSetup, port: int) -> list[
 def start(spec: ServerSpec, setup: PeerSetup, startup_timeout_s: float) -> ServerProcess:
     """The server process of a --peer (not yet started: enter it)."""
     if spec.kind == "draftwise":
-        # The setup's options first: the peer's own ARGS come after and win (click keeps an option's last value).
-        shared = ["--target", setup.target, "--threads", str(setup.threads), "--n-ctx", str(setup.n_ctx)]
-        server = ServeProcess([*shared, *spec.args], startup_timeout_s=startup_timeout_s)
+        # The shared options first: the peer's own ARGS come after and win (click keeps an option's last value).
+        server = ServeProcess([*setup.serve_args, *spec.args], startup_timeout_s=startup_timeout_s)
         server.name = f"{spec.name} (draftwise serve)"
         return server
     port = free_port()

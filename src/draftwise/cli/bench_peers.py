@@ -73,9 +73,8 @@ def peer_options(fn):
         click.option(
             "--n-ctx",
             type=click.IntRange(min=16),
-            default=4096,
-            show_default=True,
-            help="Side by side: context size of every started server.",
+            default=None,
+            help="Side by side: context size of every started server (default: draftwise serve's).",
         ),
         click.option("--llama-server", "llama_server", default=None, help=LLAMA_SERVER_HELP),
     ]
@@ -95,7 +94,7 @@ class PeerOptions:
     target: str | None
     draft_model: str | None
     threads: int | None
-    n_ctx: int
+    n_ctx: int | None
     llama_server: str | None
 
     @property
@@ -111,7 +110,7 @@ def default_llama_server() -> Path:
 
 
 def _usable_cpus() -> int:
-    """The CPUs this process may run on: draftwise serve's default threads, given to every started server."""
+    """The CPUs this process may run on: draftwise serve's default threads, given to llama-server too."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
@@ -122,6 +121,7 @@ def _setup(options: PeerOptions, specs) -> object:
     """The PeerSetup of the started peers: only what they need is resolved (models must be pulled)."""
     from draftwise import models
     from draftwise.bench.peer_servers import PeerSetup
+    from draftwise.loading import LoadOptions
 
     started = [s for s in specs if s.kind]
     if not started:
@@ -132,12 +132,15 @@ def _setup(options: PeerOptions, specs) -> object:
     binary = None
     if any(s.kind == "llama-server" for s in started):
         binary = options.llama_server or str(default_llama_server())
+    # draftwise serve is told only what the command line gave: a peer "with defaults" is what a user runs.
+    given = {"--target": options.target, "--threads": options.threads, "--n-ctx": options.n_ctx}
     return PeerSetup(
         target=str(models.resolve(options.target or models.DEFAULT_TARGET, fetch=False)),
         threads=options.threads or _usable_cpus(),
-        n_ctx=options.n_ctx,
+        n_ctx=options.n_ctx or LoadOptions().n_ctx,
         draft_model=draft,
         llama_server=binary,
+        serve_args=tuple(a for option, value in given.items() if value is not None for a in (option, str(value))),
     )
 
 
