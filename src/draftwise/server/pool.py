@@ -102,6 +102,7 @@ class ModelPool:
         self._clock = clock
         self._changed = asyncio.Event()
         self._reaper: asyncio.Task | None = None
+        self._closing: set[asyncio.Future] = set()  # unloaded models' closes, run in threads
         self.default = sources[0].name
         self.created = int(time.time())
 
@@ -216,8 +217,9 @@ class ModelPool:
         if state is None:
             return
         logger.info("unloading model %s (%s)", entry.source.name, why)
-        loop = asyncio.get_running_loop()
-        loop.run_in_executor(None, _close, state)
+        closing = asyncio.get_running_loop().run_in_executor(None, _close, state)
+        self._closing.add(closing)
+        closing.add_done_callback(self._closing.discard)
 
     def _wake(self) -> None:
         changed, self._changed = self._changed, asyncio.Event()
@@ -242,6 +244,10 @@ class ModelPool:
                 await asyncio.wait_for(changed.wait(), max(0.05, pause))
             except asyncio.TimeoutError:
                 pass
+
+    async def closed(self) -> None:
+        """Wait until every model unloaded so far has been freed (its close runs in a thread)."""
+        await asyncio.gather(*self._closing, return_exceptions=True)
 
     def close(self) -> None:
         """Stop the reaper and every loaded model's worker (the server is shutting down)."""
