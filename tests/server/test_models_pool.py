@@ -313,7 +313,7 @@ def test_gguf_models_of_a_folder_answer_as_each_does_alone(tiny_gguf_dir, tmp_pa
         assert client.completions.create(model="target.gguf", prompt=prompt, max_tokens=2).choices[0].text
 
 
-@pytest.mark.parametrize("keep_alive", ["banana", "1e400", "5 m", True, [1]])
+@pytest.mark.parametrize("keep_alive", ["banana", "nan", "5 m", True, [1]])
 def test_a_keep_alive_that_is_no_duration_is_a_400(pooled, keep_alive):
     body = {"model": "coder", "prompt": "x", "stream": False, "keep_alive": keep_alive}
     reply = httpx.post(f"{pooled.url}/api/generate", json=body, timeout=30)

@@ -326,11 +326,14 @@ def _pool_app(spec, target, draft, options, speculation, datastore, keep_alive, 
 
 
 def _keep_alive(value: str) -> float:
-    from draftwise.server.model_router import keep_alive_seconds
+    """--keep-alive in seconds, read as Ollama reads keep_alive (server/keep_alive.py)."""
+    from draftwise.server.keep_alive import keep_alive_seconds
 
     seconds = keep_alive_seconds(value)
     if seconds is None:
-        raise ConfigError(f"--keep-alive takes a duration such as 30s, 5m, 1h, 0 or -1, got {value!r}")
+        raise ConfigError(
+            f"--keep-alive takes a duration such as 30s, 5m, 1h, 0 or -1 (negative: for ever), got {value[:100]!r}"
+        )
     return seconds
 
 

@@ -19,7 +19,7 @@ from fastapi import APIRouter, Request
 from draftwise.server import anthropic_answers as a
 from draftwise.server import anthropic_protocol as m
 from draftwise.server import anthropic_translate as t
-from draftwise.server.errors import openai_refusal, rewrite_errors
+from draftwise.server.errors import MODEL_UNAVAILABLE, openai_refusal, rewrite_errors
 from draftwise.server.serving import Job
 from draftwise.server.state import State, Tenant
 from draftwise.server.streams import messages_reply
@@ -36,7 +36,7 @@ router = APIRouter()
 @router.post("/v1/messages", tags=["anthropic"], responses={200: _STREAM_RESPONSE, **_ERRORS})
 async def messages(body: m.MessagesRequest, request: Request, state: State, tenant: Tenant):
     engine = state.engine
-    t.check_model(body.model, state.model_name)
+    t.check_model(body.model, state.model_name, state.names)
     t.refuse_unsupported(body)
     tools, chat = t.chat_tools(body, engine.tokenizer, t.chat_messages(body))
     try:
@@ -58,7 +58,7 @@ async def messages(body: m.MessagesRequest, request: Request, state: State, tena
 async def count_tokens(body: m.CountTokensRequest, state: State) -> m.TokenCount:
     """The prompt's tokens as /v1/messages would lay it out (the chat template, tools included)."""
     engine = state.engine
-    t.check_model(body.model, state.model_name)
+    t.check_model(body.model, state.model_name, state.names)
     t.refuse_unsupported(body)
     tools, chat = t.chat_tools(body, engine.tokenizer, t.chat_messages(body))
     try:
@@ -77,7 +77,8 @@ class AnthropicErrors:
     the bearer key the Guard checks (a request that has both is judged by its Authorization), and
     an error (answered by a route, the body checks or the Guard, all in OpenAI's shape) is
     rewritten as Anthropic's {"type": "error", "error": {"type", "message"}}, with its status
-    (503 becomes 529). It wraps the Guard, so create_app adds it after errors.install."""
+    (503 becomes 529, but for a model that cannot load: 500). It wraps the Guard, so create_app
+    adds it after errors.install."""
 
     def __init__(self, app) -> None:
         self.app = app
@@ -107,5 +108,7 @@ def _anthropic_error(status: int, body: bytes) -> tuple[int, bytes]:
     message, param = error["message"], error.get("param")
     if isinstance(param, str) and param not in message:
         message = f"{param}: {message}"
+    if error.get("code") == MODEL_UNAVAILABLE:  # not 529 overloaded_error, which clients retry without end
+        status = 500
     status, out = a.error(status, message)
     return status, json.dumps(out, ensure_ascii=False).encode()

@@ -11,10 +11,12 @@ Anthropic's error.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from draftwise.constraints import Constraint, llguidance_tokenizer
 from draftwise.engine import Engine
+from draftwise.server import names as model_names
 from draftwise.server.anthropic_protocol import Block, CountTokensRequest, MessagesRequest
 from draftwise.server.errors import APIError
 from draftwise.server.tools import ChatTools, enforceable
@@ -29,10 +31,14 @@ _DROPPED = ("thinking", "redacted_thinking")
 _MEDIA = ("image", "document", "search_result")
 
 
-def check_model(requested: str, served: str) -> None:
-    if requested != served:
+def check_model(requested: str, served: str, names: Sequence[str] = ()) -> None:
+    """404 unless `requested` names the served model (any of its names, see server/names.py)."""
+    if not model_names.answers_to(requested, served, names):
         raise APIError(
-            404, f"model: {requested!r} does not exist; this server serves {served!r}", param="model", code="not_found"
+            404,
+            f"model: {model_names.quoted(requested)} does not exist; this server serves {served!r}",
+            param="model",
+            code="not_found",
         )
 
 

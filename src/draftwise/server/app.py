@@ -38,8 +38,9 @@ from draftwise.server.serving import MAX_QUEUE, Serving
 from draftwise.server.state import Clients, ServerState
 
 
-def model_state(name: str, engine: Engine, max_queue: int = MAX_QUEUE) -> ServerState:
-    """One served model's state: its engine, the queue and worker that feed it, its metrics."""
+def model_state(name: str, engine: Engine, max_queue: int = MAX_QUEUE, names: Sequence[str] = ()) -> ServerState:
+    """One served model's state: its engine, the queue and worker that feed it, its metrics.
+    names: what else it answers to (its stores' names; names.py adds the spellings of `name`)."""
     metrics = ServerMetrics()
     return ServerState(
         engine=engine,
@@ -48,6 +49,7 @@ def model_state(name: str, engine: Engine, max_queue: int = MAX_QUEUE) -> Server
         model_name=name,
         fim_tokens=fim_tokens(engine.tokenizer),
         clients=Clients(),
+        names=frozenset(names),
     )
 
 
@@ -96,7 +98,7 @@ def create_pool_app(
     bounds each model's queue."""
     pool = ModelPool(
         sources,
-        lambda name, engine: model_state(name, engine, max_queue),
+        lambda name, engine: model_state(name, engine, max_queue, pool.names_of(name)),
         budget_bytes=budget_bytes,
         keep_alive_s=keep_alive_s,
     )
@@ -145,7 +147,8 @@ def _app(metrics: ServerMetrics, guards: _Guards, *, on_stop, on_start=None, rou
     app.state.metrics = metrics
     if router is not None:
         pool, router_metrics = router
-        app.add_middleware(ModelRouter, pool=pool, metrics=router_metrics)  # inside the Guard: keys first
+        # inside the Guard (keys first); it reads the app's routes to load only for one of them
+        app.add_middleware(ModelRouter, pool=pool, metrics=router_metrics, routes=app.router)
     reply = errors.install(
         app,
         metrics,

@@ -2,10 +2,17 @@
 of pool.py, each named as its store names it (Ollama's `qwen2.5-coder:7b`, a registry name, a
 file's name), with the memory it will hold and Ollama's details read from its GGUF header, and a
 loader that builds its engine as `serve` builds one. Nothing is loaded here.
+
+A model two stores hold (the same file, a hard link, or the same SHA-256: an Ollama blob that is
+also in draftwise's cache) is served once, under the first store's name, and answers to the
+others' names too.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import re
+import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +33,7 @@ class Served:
     path: Path
     facts: ModelFacts | None = None
     problem: str | None = None  # why it cannot load (a truncated file, a missing blob): its requests fail with it
+    aliases: tuple[str, ...] = ()  # the names other stores (or this one) also give it
 
 
 def _facts(path: Path) -> ModelFacts | None:
@@ -40,16 +48,20 @@ def chosen(spec: str, default: str, extra_dirs: Sequence[str | Path] = ()) -> li
     file) once. spec: "all" (every model the stores hold), a folder (its GGUF files), or names
     (comma-separated, as `--target` takes them). Raises ModelError for a name that is no model."""
     out: list[Served] = []
-    seen: set[Path] = set()
+    known: list[set[tuple]] = []  # each served model's identities (_identities)
 
-    def add(name: str, path: Path, facts: ModelFacts | None = None, problem: str | None = None) -> None:
-        key = path.resolve() if path.exists() else path
-        if key in seen:
-            return
-        seen.add(key)
+    def add(name: str, path: Path, facts: ModelFacts | None = None, problem: str | None = None, aliases=()) -> None:
+        ids = _identities(name, path)
+        for i, served in enumerate(out):
+            if ids & known[i]:  # the same model in another store: one more name for it
+                more = [n for n in (name, *aliases) if n != served.name and n not in served.aliases]
+                out[i] = dataclasses.replace(served, aliases=(*served.aliases, *more))
+                known[i] |= ids
+                return
         if any(s.name == name for s in out):
             raise ConfigError(f"two models would be served as {name!r}: {path} and another; serve one of them")
-        out.append(Served(name, path, facts, problem))
+        out.append(Served(name, path, facts, problem, tuple(aliases)))
+        known.append(ids)
 
     whole_store = spec == "all" or Path(spec).is_dir()
     for name in [default, *(() if whole_store else spec.split(","))]:
@@ -68,8 +80,29 @@ def chosen(spec: str, default: str, extra_dirs: Sequence[str | Path] = ()) -> li
             else stores.StoreRoots((("folder", Path(spec)),))
         )
         for found in stores.discover(roots).models:
-            add(found.name, found.path, found.facts, found.problem)
+            add(found.name, found.path, found.facts, found.problem, stores.aliases(found))
     return out
+
+
+_OLLAMA_BLOB = re.compile(r"sha256[-:]([0-9a-f]{64})")
+
+
+def _identities(name: str, path: Path) -> set[tuple]:
+    """What tells a model file from another without reading it: its resolved path, its inode, and
+    its SHA-256 where a name says it (an Ollama blob's file name, a registry model's)."""
+    ids: set[tuple] = {("path", str(path))}
+    try:
+        ids.add(("path", str(path.resolve())))
+        info = path.stat()
+        ids.add(("inode", info.st_dev, info.st_ino))
+    except (OSError, RuntimeError):  # missing, or a symlink loop: its path alone
+        pass
+    blob = _OLLAMA_BLOB.fullmatch(path.name)
+    if blob is not None:
+        ids.add(("sha256", blob.group(1)))
+    if name in models.REGISTRY:
+        ids.add(("sha256", models.REGISTRY[name].sha256))
+    return ids
 
 
 def _details(served: Served, n_ctx: int) -> dict:
@@ -103,13 +136,21 @@ def sources(
             size = memory = models.REGISTRY[s.name].size
         else:
             size = memory = 0
+        if s.problem is not None:
+            check = _refuse(s.problem)
+        elif s.name in models.REGISTRY:
+            check = None  # fetched when first asked for, if it is not yet
+        else:
+            check = _present(s.path)
         out.append(
             ModelSource(
                 name=s.name,
                 load=(lambda spec=spec: load(spec)) if s.problem is None else _refuse(s.problem),
-                memory_bytes=memory,
-                size_bytes=size,
+                memory_bytes=max(0, memory),
+                size_bytes=max(0, size),
                 details=_details(s, n_ctx),
+                aliases=s.aliases,
+                check=check,
             )
         )
     return out
@@ -120,3 +161,18 @@ def _refuse(problem: str) -> Callable[[], Engine]:
         raise ModelError(problem)
 
     return load
+
+
+def _present(path: Path) -> Callable[[], None]:
+    """A check that the model's file is still there, a regular file (deleted, or replaced by a
+    folder or a pipe since the server started: its load cannot start)."""
+
+    def check() -> None:
+        try:
+            info = path.stat()
+        except OSError as exc:
+            raise ModelError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
+        if not stat.S_ISREG(info.st_mode):
+            raise ModelError(f"{path} is not a regular file")
+
+    return check

@@ -41,6 +41,9 @@ BODY_TIMEOUT_S = 60.0
 HEADER_TIMEOUT_S = 10.0
 
 
+# The code of a model that cannot be loaded (its file, its memory): no retry makes it load.
+MODEL_UNAVAILABLE = "model_unavailable"
+
 # The statuses an OpenAI-shaped route may answer with its error JSON (its OpenAPI `responses`).
 ERROR_STATUSES = {status: {"model": p.ErrorResponse} for status in (400, 401, 403, 404, 408, 413, 415, 500, 503)}
 
@@ -198,6 +201,9 @@ class Guard:
         return None
 
     async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "websocket":  # no route takes one, and no key was checked for it
+            await refuse_websocket(receive, send)
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -262,6 +268,14 @@ class Guard:
                 )
             if not started:
                 await self.reply(APIError(500, "internal server error", type="server_error"))(scope, receive, send)
+
+
+async def refuse_websocket(receive, send) -> None:
+    """Refuse a WebSocket before it opens (the server answers its handshake with 403): no route
+    takes one, and the guards check HTTP requests only."""
+    message = await receive()
+    if message["type"] == "websocket.connect":
+        await send({"type": "websocket.close", "code": 1008})
 
 
 def install(

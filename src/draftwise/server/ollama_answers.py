@@ -29,9 +29,15 @@ OLLAMA_VERSION = "0.33.0"
 ARCHITECTURE = "draftwise"
 
 
+# The latest moment a timestamp says (Go's and Python's calendars end with year 9999).
+LAST_MOMENT = 253402300799.0
+
+
 def timestamp(at: float | None = None) -> str:
-    """RFC 3339 in UTC, as Go writes time.Time. Example: "2026-12-02T23:21:08.123456Z"."""
-    moment = datetime.fromtimestamp(time.time() if at is None else at, timezone.utc)
+    """RFC 3339 in UTC, as Go writes time.Time, at most the last second of year 9999.
+    Example: "2026-12-02T23:21:08.123456Z"."""
+    at = time.time() if at is None else at
+    moment = datetime.fromtimestamp(min(max(at, 0.0), LAST_MOMENT), timezone.utc)
     return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 

@@ -65,7 +65,11 @@ class _GenerationRequest(_Request):
     stream: bool | None = Field(None, description="Default true: NDJSON, one object per line.")
     format: str | dict[str, Any] | None = Field(None, description='"json" or a JSON schema.')
     options: dict[str, Any] | None = None
-    keep_alive: str | int | float | None = Field(None, description="Accepted and ignored: the model stays loaded.")
+    keep_alive: str | int | float | None = Field(
+        None,
+        description='How long the model stays loaded after this request on a server of several models: "5m", '
+        "300 (seconds), 0 (unload), negative or longer than 292 years (for ever). A server of one keeps its model.",
+    )
     think: bool | str | None = None
     truncate: bool | None = None
     shift: bool | None = None
@@ -123,6 +127,7 @@ class ListedModel(BaseModel):
     size: int
     digest: str
     details: ModelDetails
+    aliases: list[str] = Field(default_factory=list, description="draftwise: the other names the model answers to.")
 
 
 class RunningModel(BaseModel):

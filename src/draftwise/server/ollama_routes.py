@@ -22,11 +22,12 @@ from fastapi.responses import JSONResponse
 
 from draftwise.constraints import Constraint
 from draftwise.models import REGISTRY
+from draftwise.server import names, pool_answers
 from draftwise.server import ollama_answers as a
 from draftwise.server import ollama_protocol as o
 from draftwise.server import ollama_translate as t
-from draftwise.server import pool_answers
 from draftwise.server.errors import APIError, openai_refusal, rewrite_errors
+from draftwise.server.keep_alive import keep_alive_seconds
 from draftwise.server.serving import Job
 from draftwise.server.state import Pool, State, Tenant, server_state
 from draftwise.server.streams import ndjson_response, ollama_reply
@@ -67,6 +68,23 @@ async def submit(
         raise error from None
 
 
+def _load_reason(body: o.ChatRequest | o.GenerateRequest) -> str:
+    """Ollama's done_reason for a request without a prompt: "unload" when keep_alive is 0."""
+    return "unload" if keep_alive_seconds(body.keep_alive) == 0 else "load"
+
+
+def unload_answer(path: str, data: object):
+    """The answer to Ollama's unload request (keep_alive 0, no prompt or messages: what `ollama
+    stop` sends) for a model that is not loaded, given without loading it (model_router.py asks
+    with a body its route's schema accepted); None for any other request."""
+    if not isinstance(data, dict) or path not in ("/api/generate", "/api/chat"):
+        return None
+    chat = path == "/api/chat"
+    if (data.get("messages") if chat else (data.get("prompt") or data.get("suffix"))) or not data.get("model"):
+        return None
+    return _one(a.loaded(data["model"], chat=chat, reason="unload"), data.get("stream") is not False)
+
+
 def _one(obj: dict, stream: bool):
     """A reply of one object: alone, or as a stream of one line."""
     if not stream:
@@ -82,10 +100,10 @@ def _one(obj: dict, stream: bool):
 async def chat(body: o.ChatRequest, request: Request, state: State, tenant: Tenant):
     started = time.monotonic()
     engine = state.engine
-    t.check_model(body.model, state.model_name)
+    t.check_model(body.model, state.model_name, state.names)
     t.refuse_unsupported(body)
-    if not body.messages:  # Ollama's way to load a model
-        return _one(a.loaded(body.model, chat=True), body.streamed)
+    if not body.messages:  # Ollama's way to load (keep_alive 0: unload) a model
+        return _one(a.loaded(body.model, chat=True, reason=_load_reason(body)), body.streamed)
     constraint = t.format_constraint(body.format)
     tools, messages = t.chat_tools(body.tools, engine.tokenizer, t.chat_messages(body.messages), constraint is not None)
     job = await submit(
@@ -106,11 +124,11 @@ async def chat(body: o.ChatRequest, request: Request, state: State, tenant: Tena
 async def generate(body: o.GenerateRequest, request: Request, state: State, tenant: Tenant):
     started = time.monotonic()
     engine = state.engine
-    t.check_model(body.model, state.model_name)
+    t.check_model(body.model, state.model_name, state.names)
     t.refuse_unsupported(body)
     prompt, suffix = body.prompt or "", body.suffix or ""
     if not prompt and not suffix:  # Ollama's way to load (keep_alive 0: unload) a model
-        return _one(a.loaded(body.model, chat=False), body.streamed)
+        return _one(a.loaded(body.model, chat=False, reason=_load_reason(body)), body.streamed)
     if suffix:  # fill in the middle: the prompt is the text before the gap
         encode = lambda: t.fim_ids(engine.tokenizer, prompt, suffix)  # noqa: E731
     elif body.raw:  # the prompt verbatim
@@ -139,17 +157,18 @@ async def ps(request: Request, pool: Pool) -> dict:
 
 @router.post("/api/show", response_model=o.ShowResponse, tags=["ollama"], responses=_ERRORS)
 async def show(body: o.ShowRequest, request: Request, pool: Pool) -> o.ShowResponse:
-    if pool is not None:  # a server of several models: told without loading the model
+    if pool is not None:  # a server of several models: told from its file, loaded or not, the same
         served = pool.resolve(body.model or body.name)
         if served is None:
-            names = ", ".join(o.tagged(s.name) for s in pool.sources)
+            listed = names.listing(o.tagged(s.name) for s in pool.sources)
             raise APIError(
-                404, f"model '{body.model or body.name}' not found; this server serves {names}", param="model"
+                404,
+                f"model {names.quoted(body.model or body.name)} not found; this server serves {listed}",
+                param="model",
             )
-        state = pool.state_of(served)
-        return a.show(state) if state is not None else pool_answers.ollama_show(pool, served)
+        return pool_answers.ollama_show(pool, served)
     state = server_state(request)
-    t.check_model(body.model or body.name, state.model_name)
+    t.check_model(body.model or body.name, state.model_name, state.names)
     return a.show(state)
 
 

@@ -19,9 +19,10 @@ from typing import Any
 from draftwise.constraints import Constraint, llguidance_tokenizer
 from draftwise.engine import Engine
 from draftwise.fim import FimUnsupportedError, fim_prompt
+from draftwise.server import names as model_names
 from draftwise.server.errors import APIError
 from draftwise.server.fields import FINITE_RULE, INT64_RULE, int64
-from draftwise.server.ollama_protocol import ChatRequest, GenerateRequest, Message, base_name, tagged
+from draftwise.server.ollama_protocol import ChatRequest, GenerateRequest, Message, tagged
 from draftwise.server.tools import ChatTools, enforceable
 from draftwise.server.translate import EngineRequest, speculation
 from draftwise.tools import ToolChoice, parse_tools, template_messages, tool_plan
@@ -265,12 +266,13 @@ def logprobs_asked(body: ChatRequest | GenerateRequest) -> int | None:
 
 
 # ---------------------------------------------------------------------- names and refusals
-def check_model(requested: str | None, served: str) -> None:
-    """404 in Ollama's words unless `requested` names the served model (tag :latest or none)."""
-    if not requested or base_name(requested) != base_name(served):
+def check_model(requested: str | None, served: str, names: Sequence[str] = ()) -> None:
+    """404 in Ollama's words unless `requested` names the served model (any of its names, see
+    server/names.py; its tag :latest or none)."""
+    if not model_names.answers_to(requested, served, names):
         raise APIError(
             404,
-            f"model '{requested or ''}' not found; this server serves '{tagged(served)}'",
+            f"model {model_names.quoted(requested or '')} not found; this server serves '{tagged(served)}'",
             param="model",
             code="model_not_found",
         )

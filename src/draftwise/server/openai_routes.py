@@ -16,12 +16,12 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from draftwise.server import choices, pool_answers, translate
+from draftwise.server import choices, names, pool_answers, translate
 from draftwise.server import protocol as p
 from draftwise.server.answers import ChatAnswer, CompletionAnswer
 from draftwise.server.errors import ERROR_STATUSES, APIError, openai_refusal
 from draftwise.server.serving import Job
-from draftwise.server.state import Operator, Pool, State, Tenant, server_state
+from draftwise.server.state import Operator, Pool, ServerState, State, Tenant, server_state
 from draftwise.server.streams import openai_reply
 from draftwise.server.tools import chat_tools
 
@@ -108,7 +108,7 @@ async def chat_completions(body: p.ChatCompletionRequest, request: Request, stat
     engine = state.engine
     tools, messages = chat_tools(body, engine.tokenizer, translate.chat_messages(body))
     max_tokens = body.max_completion_tokens or body.max_tokens
-    translate.check_model(body, state.model_name)
+    translate.check_model(body, state.model_name, state.names)
 
     def prepare(_item: None) -> translate.EngineRequest:
         return translate.openai_request(engine, body, None, messages, max_tokens, None, tools)
@@ -134,7 +134,7 @@ async def completions(body: p.CompletionRequest, request: Request, state: State,
         why = "best_of > n cannot be streamed (the best are known at the end)"
         raise APIError(400, why, param="best_of", code="invalid_value")
     engine = state.engine
-    translate.check_model(body, state.model_name)
+    translate.check_model(body, state.model_name, state.names)
     items = choices.prompts(body.prompt, engine.target.vocab_size)
 
     def prepare(item: tuple[str | None, list[int] | None]) -> translate.EngineRequest:
@@ -151,16 +151,24 @@ async def completions(body: p.CompletionRequest, request: Request, state: State,
 async def list_models(request: Request, pool: Pool) -> p.ModelList:
     if pool is not None:
         return pool_answers.model_cards(pool, pool.created)
-    state = server_state(request)
-    return p.ModelList(data=[p.ModelCard(id=state.model_name, created=state.created)])
+    return p.ModelList(data=[_card(server_state(request))])
+
+
+def _card(state: ServerState) -> p.ModelCard:
+    aliases = [*names.spellings(state.model_name), *sorted(state.names)]
+    return p.ModelCard(id=state.model_name, created=state.created, aliases=aliases)
 
 
 @router.get("/v1/models/{model_id:path}", response_model=p.ModelCard, tags=["openai"], responses=ERROR_STATUSES)
 async def get_model(model_id: str, request: Request, pool: Pool) -> p.ModelCard:
-    served = [s.name for s in pool.sources] if pool is not None else [server_state(request).model_name]
-    if model_id not in served:
-        raise APIError(404, f"the model {model_id!r} does not exist", param="model", code="model_not_found")
-    return p.ModelCard(id=model_id, created=pool.created if pool is not None else server_state(request).created)
+    """The model of any of its names (server/names.py), as /v1/models lists it."""
+    if pool is not None:
+        served = pool.resolve(model_id) if model_id else None
+        if served is not None:
+            return pool_answers.model_card(pool, served)
+    elif server_state(request).answers_to(model_id):
+        return _card(server_state(request))
+    raise APIError(404, f"the model {names.quoted(model_id)} does not exist", param="model", code="model_not_found")
 
 
 @router.get(

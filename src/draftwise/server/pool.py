@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from draftwise.engine import Engine
 from draftwise.errors import ConfigError
+from draftwise.server.names import spellings
 from draftwise.server.state import ServerState
 
 logger = logging.getLogger("draftwise.server")
@@ -36,7 +37,9 @@ class ModelUnavailable(Exception):
 class ModelSource:
     """A model the server can load: the name clients send, how to load it (blocking: reads the
     file, calibrates), the memory it will hold (weights and KV caches, estimated before loading),
-    and what /api/tags and /api/show tell of it (Ollama's `details`)."""
+    and what /api/tags and /api/show tell of it (Ollama's `details`). aliases: the other names
+    its stores give it (besides names.spellings of its name). check: raises when a load could not
+    even start (its file gone since the server started); run before any model makes room for it."""
 
     name: str
     load: Callable[[], Engine]
@@ -44,6 +47,13 @@ class ModelSource:
     size_bytes: int = 0
     details: Mapping[str, object] = field(default_factory=dict)
     aliases: tuple[str, ...] = ()
+    check: Callable[[], None] | None = None
+
+    @property
+    def memory_held(self) -> int:
+        """memory_bytes as the budget counts it: never negative (an estimate from a hostile header
+        must not let other models past the budget)."""
+        return max(0, self.memory_bytes)
 
 
 @dataclass
@@ -92,10 +102,7 @@ class ModelPool:
             if source.name in self._entries:
                 raise ConfigError(f"two models are named {source.name!r}; give each a name of its own")
             self._entries[source.name] = _Entry(source)
-        self._names: dict[str, str] = {}
-        for source in sources:
-            for alias in (*source.aliases, *_tag_forms(source.name)):
-                self._names.setdefault(alias, source.name)
+        self._names = _other_names(sources)
         self._make_state = make_state
         self.budget_bytes = budget_bytes
         self.keep_alive_s = keep_alive_s
@@ -112,13 +119,21 @@ class ModelPool:
         return [e.source for e in self._entries.values()]
 
     def resolve(self, name: str | None) -> str | None:
-        """The served name a request's `model` means (None: the default model; an unknown name:
-        None too, and the route answers its protocol's 404). Example: "m:latest" -> "m"."""
+        """The served name a request's `model` means (None or "": the default model; an unknown
+        name: None, and the route answers its protocol's 404). Example: "m:latest" -> "m"."""
         if name is None or name == "":
             return self.default
         if name in self._entries:
             return name
         return self._names.get(name)
+
+    def names_of(self, name: str) -> tuple[str, ...]:
+        """Every other name the served model `name` answers to (an alias two models share is
+        neither's). Example: "alpha.gguf" -> ("alpha.gguf:latest", "alpha", "alpha:latest")."""
+        return tuple(alias for alias, served in self._names.items() if served == name)
+
+    def is_loaded(self, name: str) -> bool:
+        return self._entries[name].state is not None
 
     def state_of(self, name: str) -> ServerState | None:
         """A loaded model's state (None: not loaded)."""
@@ -132,16 +147,19 @@ class ModelPool:
                 continue
             expires = None if e.expires_at is None else wall + max(0.0, e.expires_at - now)
             out.append(
-                LoadedModel(e.source.name, e.source.memory_bytes, e.source.size_bytes, expires, e.loaded_at, e.users)
+                LoadedModel(e.source.name, e.source.memory_held, e.source.size_bytes, expires, e.loaded_at, e.users)
             )
         return out
 
     # ------------------------------------------------------------ use
     @asynccontextmanager
-    async def use(self, name: str, keep_alive_s: float | None = None) -> AsyncIterator[ServerState]:
+    async def use(
+        self, name: str, keep_alive_s: float | None = None, *, accepted: Callable[[], bool] = lambda: True
+    ) -> AsyncIterator[ServerState]:
         """Hold model `name` (a served name, see resolve) for a request: load it first if needed
         (raises ModelUnavailable when that fails). On release its keep-alive restarts from the
-        request's own (else the server's)."""
+        request's own (else the server's), if accepted() says the request was answered; a
+        refused request leaves the keep-alive as it was."""
         entry = self._entries[name]
         entry.users += 1
         try:
@@ -150,14 +168,16 @@ class ModelPool:
             yield state
         finally:
             entry.users -= 1
-            self._released(entry, self.keep_alive_s if keep_alive_s is None else keep_alive_s)
+            self._released(entry, (self.keep_alive_s if keep_alive_s is None else keep_alive_s) if accepted() else None)
 
-    def _released(self, entry: _Entry, keep_alive_s: float) -> None:
+    def _released(self, entry: _Entry, keep_alive_s: float | None) -> None:
+        """keep_alive_s None: the request was refused, and the model's expiry stays as it was."""
         now = self._clock()
         entry.last_used = now
-        entry.expires_at = None if keep_alive_s < 0 else now + keep_alive_s
-        if keep_alive_s == 0 and entry.users == 0 and entry.state is not None:
-            self._unload(entry, "keep_alive 0")
+        if keep_alive_s is not None:
+            entry.expires_at = _expiry(now, keep_alive_s)
+        if entry.users == 0 and entry.state is not None and entry.expires_at is not None and entry.expires_at <= now:
+            self._unload(entry, "keep_alive 0" if keep_alive_s == 0 else "keep_alive expired")
         self._wake()
 
     async def _loaded(self, entry: _Entry) -> ServerState:
@@ -171,13 +191,15 @@ class ModelPool:
     async def _load(self, entry: _Entry) -> ServerState:
         name = entry.source.name
         try:
+            if entry.source.check is not None:  # before any other model is unloaded to make room
+                await asyncio.to_thread(entry.source.check)
             await self._make_room(entry)
             started = time.monotonic()
             logger.info("loading model %s", name)
             engine = await asyncio.to_thread(entry.source.load)
             state = await asyncio.to_thread(self._make_state, name, engine)
             entry.state, entry.loaded_at = state, time.time()
-            entry.expires_at = None
+            entry.expires_at = _expiry(self._clock(), self.keep_alive_s)  # until its requests say
             logger.info("model %s loaded in %.1f s", name, time.monotonic() - started)
             return state
         except ModelUnavailable:
@@ -194,14 +216,14 @@ class ModelPool:
     async def _make_room(self, entry: _Entry) -> None:
         """Reserve entry's memory, unloading idle models (least recently used first) and waiting
         for busy ones to finish while the budget is short."""
-        need, budget = entry.source.memory_bytes, self.budget_bytes
+        need, budget = entry.source.memory_held, self.budget_bytes
         if budget is not None and need > budget:
             raise ModelUnavailable(
                 f"model {entry.source.name!r} needs about {need / GIB:.1f} GiB, more than the server's memory "
                 f"budget of {budget / GIB:.1f} GiB (serve --max-memory)"
             )
         while budget is not None:
-            held = sum(e.source.memory_bytes for e in self._entries.values() if e.reserved and e is not entry)
+            held = sum(e.source.memory_held for e in self._entries.values() if e.reserved and e is not entry)
             if held + need <= budget:
                 break
             idle = [e for e in self._entries.values() if e.state is not None and e.users == 0 and e is not entry]
@@ -264,8 +286,19 @@ def _close(state: ServerState) -> None:
     state.engine.close()
 
 
-def _tag_forms(name: str) -> tuple[str, ...]:
-    """The other spellings Ollama's clients use: "m" <-> "m:latest"."""
-    if name.endswith(":latest"):
-        return (name[: -len(":latest")],)
-    return () if ":" in name else (f"{name}:latest",)
+def _expiry(now: float, keep_alive_s: float) -> float | None:
+    """When a model idle from `now` unloads (None: never; keep_alive_s negative is for ever)."""
+    return None if keep_alive_s < 0 else now + keep_alive_s
+
+
+def _other_names(sources: Sequence[ModelSource]) -> dict[str, str]:
+    """Each other name a model answers to -> its served name. A served name is only its own
+    model's; a name two models would answer to (two folders' "model.gguf" both "model") is
+    neither's: a request must not reach one of them by chance."""
+    served = {s.name for s in sources}
+    claims: dict[str, set[str]] = {}
+    for source in sources:
+        for alias in (*source.aliases, *spellings(source.name), *(s for a in source.aliases for s in spellings(a))):
+            if alias not in served:
+                claims.setdefault(alias, set()).add(source.name)
+    return {alias: next(iter(owners)) for alias, owners in claims.items() if len(owners) == 1}

@@ -16,6 +16,7 @@ from prometheus_client.metrics_core import Metric
 
 from draftwise.server import ollama_protocol as o
 from draftwise.server import protocol as p
+from draftwise.server.keep_alive import MAX_DURATION_S
 from draftwise.server.metrics import ServerMetrics
 from draftwise.server.ollama_answers import timestamp
 from draftwise.server.pool import ModelPool, ModelSource
@@ -24,7 +25,13 @@ LABEL = "served_model"
 
 
 def model_cards(pool: ModelPool, created: int) -> p.ModelList:
-    return p.ModelList(data=[p.ModelCard(id=s.name, created=created) for s in pool.sources])
+    """Each model once, by its served name, with the other names it answers to."""
+    return p.ModelList(data=[model_card(pool, s.name, created) for s in pool.sources])
+
+
+def model_card(pool: ModelPool, name: str, created: int | None = None) -> p.ModelCard:
+    created = pool.created if created is None else created
+    return p.ModelCard(id=name, created=created, aliases=list(pool.names_of(name)))
 
 
 def _details(source: ModelSource) -> o.ModelDetails:
@@ -55,18 +62,20 @@ def ollama_tags(pool: ModelPool, created: float) -> dict:
                 size=s.size_bytes,
                 digest=_digest(s),
                 details=_details(s),
+                aliases=[alias for alias in pool.names_of(s.name) if alias != name],
             ).model_dump()
         )
     return {"models": listed}
 
 
 def ollama_ps(pool: ModelPool) -> dict:
-    """The loaded models, their memory and until when they stay (Ollama's far future: kept)."""
+    """The loaded models, their memory and until when they stay (kept for ever: Ollama's far
+    future, its longest duration from now, about 292 years)."""
     sources = {s.name: s for s in pool.sources}
     running = []
     for loaded in pool.loaded():
         source, state = sources[loaded.name], pool.state_of(loaded.name)
-        expires = loaded.expires_at if loaded.expires_at is not None else time.time() + 10 * 365 * 24 * 3600
+        expires = loaded.expires_at if loaded.expires_at is not None else time.time() + MAX_DURATION_S
         name = o.tagged(loaded.name)
         running.append(
             o.RunningModel(
@@ -125,7 +134,9 @@ def render_metrics(own: ServerMetrics, pool: ModelPool) -> bytes:
 
 
 def ollama_show(pool: ModelPool, name: str) -> o.ShowResponse:
-    """/api/show of a model not loaded: what its source says (its GGUF header's facts)."""
+    """/api/show of a model, loaded or not, the same: what its source says (its GGUF header's
+    facts), never what the loaded engine would (a client reading its capabilities before and
+    after the load must see one answer)."""
     source = next(s for s in pool.sources if s.name == name)
     d = source.details
     n_ctx = int(d.get("context_length") or 0)

@@ -289,6 +289,7 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "draftwise"
+    aliases: list[str] = Field(default_factory=list, description="The other names the model answers to.")
 
 
 class ModelList(BaseModel):

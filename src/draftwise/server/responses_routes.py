@@ -63,7 +63,7 @@ async def create_response(body: ResponsesRequest, request: Request, state: State
     chat = t.chat_request(body, conversation)
     engine = state.engine
     with t.in_responses_terms():
-        translate.check_model(chat, state.model_name)
+        translate.check_model(chat, state.model_name, state.names)
         tools, messages = chat_tools(chat, engine.tokenizer, translate.chat_messages(chat))
 
         def prepare(_item: None) -> translate.EngineRequest:

@@ -12,9 +12,11 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
+from fastapi.exceptions import RequestValidationError
 
 from draftwise.engine import Engine
 from draftwise.fim import FimTokens
+from draftwise.server import names as model_names
 from draftwise.server.answers import SUPERSEDED
 from draftwise.server.errors import APIError
 from draftwise.server.metrics import ServerMetrics
@@ -49,18 +51,30 @@ class ServerState:
     fim_tokens: FimTokens | None  # the model's fill-in-the-middle tokens (None: /infill answers 400)
     clients: Clients
     created: int = field(default_factory=lambda: int(time.time()))
+    names: frozenset[str] = frozenset()  # what else its stores call it (names.py adds the spellings)
+
+    def answers_to(self, requested: str | None) -> bool:
+        """Whether a request's `model` names this model (names.answers_to decides)."""
+        return model_names.answers_to(requested, self.model_name, self.names)
 
     def count(self, error: APIError) -> None:
         """Count an error answered inside a stream (the handlers count the others)."""
         self.metrics.observe_error(error.status, error.type)
 
 
-# The scope key under which a server of several models (model_router.py) puts the request's model.
+# The scope key under which a server of several models (model_router.py) puts the request's model,
+# and the one under which it puts the schema errors of a body it loaded no model for.
 STATE_KEY = "draftwise.state"
+INVALID_KEY = "draftwise.invalid"
 
 
 def server_state(request: Request) -> ServerState:
-    """The request's model: the one the ModelRouter holds for it, else the app's only one."""
+    """The request's model: the one the ModelRouter holds for it, else the app's only one. A body
+    the router found invalid is refused here, in the route's own error shape: FastAPI resolves
+    this dependency before it validates the body, and the router loaded no model for it."""
+    invalid = request.scope.get(INVALID_KEY)
+    if invalid is not None:
+        raise RequestValidationError(invalid)
     state = request.scope.get(STATE_KEY) or request.app.state.server
     if state is None:  # a route of a server of several models that the router let through unheld
         raise APIError(500, f"{request.url.path} has no model to answer from", type="server_error")

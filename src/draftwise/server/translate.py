@@ -11,6 +11,7 @@ the engine cannot take; it may tokenise, so routes run it in a worker thread.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 from draftwise.constraints import Constraint, llguidance_tokenizer
@@ -18,6 +19,7 @@ from draftwise.engine import Engine
 from draftwise.errors import ConfigError
 from draftwise.fim import FimBudget, FimTokens, FimUnsupportedError, fim_prompt
 from draftwise.server import choices
+from draftwise.server import names as model_names
 from draftwise.server import protocol as p
 from draftwise.server.errors import APIError
 from draftwise.server.llama_protocol import DEFAULT_SAMPLERS, InfillRequest
@@ -46,12 +48,13 @@ class EngineRequest:
 
 
 # ---------------------------------------------------------------------- OpenAI: chat and completions
-def check_model(body: p._GenerationRequest, model_name: str) -> None:
-    """The model named must be this server's, and every field set must be one it honours."""
-    if body.model != model_name:
+def check_model(body: p._GenerationRequest, model_name: str, names: Sequence[str] = ()) -> None:
+    """The model named must be this server's (any of its names, see server/names.py), and every
+    field set must be one it honours."""
+    if not model_names.answers_to(body.model, model_name, names):
         raise APIError(
             404,
-            f"the model {body.model!r} does not exist; this server serves {model_name!r}",
+            f"the model {model_names.quoted(body.model)} does not exist; this server serves {model_name!r}",
             param="model",
             code="model_not_found",
         )
