@@ -196,3 +196,91 @@ def test_health_shows_activity_to_the_operator_only():
         assert httpx.get(f"{shared.url}/health", headers={"Authorization": "Bearer sk-a"}).json() == {"status": "ok"}
         ops = httpx.get(f"{shared.url}/health", headers={"Authorization": "Bearer sk-ops"}).json()
         assert ops["slots"] == 1 and ops["active"] == 0
+
+
+# ---------------------------------------------------------------------- the HTTP edge (RFC 9112 section 3.2)
+def raw_status(live: LiveServer, request: bytes) -> int:
+    """The status line's code of a request sent byte for byte (httpx always sends one Host)."""
+    import socket
+
+    host, port = live.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(request)
+        head = conn.recv(65536).split(b"\r\n", 1)[0]
+    return int(head.split()[1])
+
+
+BODY = b'{"model":"toy-40","prompt":"Hi","stream":false,"options":{"num_predict":1}}'
+
+
+@pytest.mark.parametrize(
+    ("headers", "status"),
+    [
+        (b"Host: evil.com\r\nHost: localhost\r\n", 400),
+        (b"Host: localhost\r\nHost: localhost\r\n", 400),
+        (b"", 400),
+        (b"Host: \r\n", 400),
+        (b"Host: localhost\r\n", 200),
+    ],
+)
+@pytest.mark.parametrize("http", ["h11", "httptools"])
+def test_duplicate_or_missing_host_headers_are_a_400(headers, status, http):
+    """RFC 9112 asks for a 400 for several Host headers and for none (or an empty one) on HTTP/1.1;
+    the probe's request (evil.com, then localhost) was answered with a generation."""
+    if http == "httptools":
+        pytest.importorskip("httptools")
+    engine = make_engine(draft_model=False)
+    with LiveServer(engine, http=http) as live:
+        request = (
+            b"POST /api/generate HTTP/1.1\r\n" + headers + b"Content-Type: application/json\r\n"
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(BODY), BODY)
+        )
+        assert raw_status(live, request) == status
+
+
+def test_http_1_0_without_a_host_is_answered(local):
+    assert raw_status(local, b"GET /health HTTP/1.0\r\n\r\n") == 200
+
+
+def test_a_websocket_is_refused_before_any_route():
+    """No route takes a WebSocket, and neither guard checks one: both refuse it at the handshake."""
+    import asyncio
+
+    from draftwise.server.access import AccessGuard
+    from draftwise.server.errors import Guard
+
+    reached, sent = [], []
+
+    async def app(scope, receive, send):
+        reached.append(scope["type"])
+
+    async def receive():
+        return {"type": "websocket.connect"}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "websocket", "path": "/v1/chat/completions", "headers": [(b"host", b"evil.example")]}
+    for guard in (AccessGuard(app, access=Access(), reply=None), Guard(app, api_keys=("k",), reply=None)):
+        asyncio.run(guard(scope, receive, send))
+    assert reached == [] and [m["type"] for m in sent] == ["websocket.close", "websocket.close"]
+
+
+@pytest.mark.parametrize(
+    ("pattern", "origin", "allowed"),
+    [
+        ("http://localhost:*", "http://localhost:3000", True),
+        ("http://localhost:*", "http://localhost:3000.evil.com", False),
+        ("http://localhost:*", "http://localhost:3000@evil.com", False),
+        ("http://localhost:*", "http://localhost:", False),
+        ("http://localhost:*", "http://localhost", False),
+        ("https://*.example.com", "https://app.example.com", True),
+        ("https://*.example.com", "https://evil.com/.example.com", False),
+        ("https://*.example.com", "https://evil.com:1.example.com", False),
+        ("http://[::1]:*", "http://[::1]:5173", True),
+        ("chrome-extension://*", "chrome-extension://abcdef", True),
+        ("null", "null", True),
+    ],
+)
+def test_an_origin_wildcard_matches_within_its_own_part(pattern, origin, allowed):
+    assert Access(allowed_origins=(pattern,)).origin_allowed(origin, "127.0.0.1:8000") is allowed

@@ -11,7 +11,9 @@ lets a page on any localhost port call the API; `Host: evil.example` is still re
 
 from __future__ import annotations
 
+import functools
 import ipaddress
+import re
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +21,7 @@ from fnmatch import fnmatchcase
 from urllib.parse import urlsplit
 
 from draftwise.errors import ConfigError
-from draftwise.server.errors import APIError
+from draftwise.server.errors import APIError, refuse_websocket
 
 LOOPBACK_BINDS = ("127.0.0.1", "localhost", "::1", "[::1]")
 # A request whose body is one of these is read as JSON on Ollama's routes when no browser sent
@@ -40,8 +42,8 @@ def _is_loopback_bind(host: str) -> bool:
 
 
 def _check_origin_pattern(pattern: str) -> str:
-    """An --allowed-origins entry, lower-cased: "*", "null", or SCHEME://HOST[:PORT] (with "*"
-    for any run of characters, e.g. "http://localhost:*"); no path."""
+    """An --allowed-origins entry, lower-cased: "*", "null", or SCHEME://HOST[:PORT] with "*" for
+    any part of one (e.g. "http://localhost:*", "https://*.example.com"); no path."""
     value = pattern.strip().lower()
     if value in ("*", "null"):
         return value
@@ -104,7 +106,30 @@ class Access:
         if _same_origin(origin, host_header):
             return True
         value = origin.strip().lower()
-        return any(pattern == "*" or fnmatchcase(value, pattern) for pattern in self.allowed_origins)
+        return any(pattern == "*" or _origin_pattern(pattern).fullmatch(value) for pattern in self.allowed_origins)
+
+
+@functools.lru_cache(maxsize=256)
+def _origin_pattern(pattern: str) -> re.Pattern:
+    """An allowed-origins pattern as a regular expression, each "*" matching within its own part
+    only: the scheme's characters, a host's (no ":", "/", "@"), a port's digits. Example:
+    "http://localhost:*" matches "http://localhost:3000", not "http://localhost:3000.evil.com"."""
+    scheme, sep, netloc = pattern.partition("://")
+    if not sep:  # "null"
+        return re.compile(re.escape(pattern))
+    host, port = netloc, None
+    if netloc.startswith("["):  # an IPv6 address: its colons are not the port's
+        end = netloc.find("]") + 1
+        host, rest = netloc[:end], netloc[end:]
+        port = rest[1:] if rest.startswith(":") else None
+    elif ":" in netloc:
+        host, _, port = netloc.rpartition(":")
+
+    def part(text: str, star: str) -> str:
+        return "".join(star if c == "*" else re.escape(c) for c in text)
+
+    regex = part(scheme, r"[a-z0-9+.\-]*") + "://" + part(host, r"[^:/@?#\[\]\s]*")
+    return re.compile(regex if port is None else f"{regex}:{part(port, '[0-9]+')}")
 
 
 def _host_name(host_header: str) -> str | None:
@@ -136,11 +161,18 @@ class AccessGuard:
         self.app, self.access, self.reply = app, access, reply
 
     async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "websocket":  # no route takes one: refused before one ever does
+            await refuse_websocket(receive, send)
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
         host = headers.get(b"host", b"").decode("latin-1")
+        malformed = _host_header_fault(scope)
+        if malformed is not None:
+            await self.reply(APIError(400, malformed, code="invalid_host_header"))(scope, receive, send)
+            return
         if not self.access.host_allowed(host):
             error = APIError(
                 403,
@@ -178,6 +210,17 @@ class AccessGuard:
                 kept = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
                 scope = {**scope, "headers": [*kept, (b"content-type", b"application/json")]}
         await self.app(scope, receive, send if cors is None else _with_cors(send, cors))
+
+
+def _host_header_fault(scope) -> str | None:
+    """Why the request's Host header breaks RFC 9112 section 3.2, which asks for a 400: several
+    Host headers (a guard would read one, a proxy another), or none or an empty one on HTTP/1.1."""
+    hosts = [value for key, value in scope["headers"] if key == b"host"]
+    if len(hosts) > 1:
+        return f"the request has {len(hosts)} Host headers; HTTP/1.1 allows one"
+    if scope.get("http_version") == "1.1" and not (hosts and hosts[0].strip()):
+        return "an HTTP/1.1 request must name its Host (RFC 9112, section 3.2)"
+    return None
 
 
 def _same_origin(origin: str, host: str) -> bool:
