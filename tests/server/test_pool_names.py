@@ -97,12 +97,9 @@ def test_a_name_two_models_share_is_neithers():
         assert ok.status_code == 200 and loads.count == {"b": 1}
 
 
-def test_a_file_two_stores_hold_is_served_once_with_both_names(tiny_gguf_dir, tmp_path, monkeypatch):
-    """An Ollama blob that is also a file in a models folder (a hard link): one model, served under
-    the folder's name, answering to Ollama's `smollm2:135m` too (not `smollm2`: that is
-    `smollm2:latest`, another model)."""
-    from draftwise.gguf_header import read_header  # noqa: F401 - the stores read it; skip here if it cannot
-
+def two_stores(tiny_gguf_dir, tmp_path, monkeypatch):
+    """An Ollama store holding smollm2:135m, whose blob is also (a hard link) the file
+    smollm2-135m-instruct.gguf of a models folder; the folder."""
     home = tmp_path / "home"
     ollama = home / ".ollama" / "models"
     (ollama / "blobs").mkdir(parents=True)
@@ -120,7 +117,14 @@ def test_a_file_two_stores_hold_is_served_once_with_both_names(tiny_gguf_dir, tm
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("XDG_CACHE_HOME", str(home / ".cache"))
+    return folder
 
+
+def test_a_file_two_stores_hold_is_served_once_with_both_names(tiny_gguf_dir, tmp_path, monkeypatch):
+    """An Ollama blob that is also a file in a models folder (a hard link): one model, served under
+    the folder's name, answering to Ollama's `smollm2:135m` too (not `smollm2`: that is
+    `smollm2:latest`, another model)."""
+    folder = two_stores(tiny_gguf_dir, tmp_path, monkeypatch)
     served = catalog.chosen("all", str(folder / "smollm2-135m-instruct.gguf"), [folder])
     assert [s.name for s in served] == ["smollm2-135m-instruct.gguf"]
     assert "smollm2:135m" in served[0].aliases
@@ -131,6 +135,19 @@ def test_a_file_two_stores_hold_is_served_once_with_both_names(tiny_gguf_dir, tm
         assert reply.status_code == 404
         tags = httpx.get(f"{live.url}/api/tags", timeout=30).json()["models"]
         assert len(tags) == 1 and "smollm2:135m" in tags[0]["aliases"]
+
+
+def test_one_model_answers_to_the_other_stores_names_too(tiny_gguf_dir, tmp_path, monkeypatch):
+    folder = two_stores(tiny_gguf_dir, tmp_path, monkeypatch)
+    path = folder / "smollm2-135m-instruct.gguf"
+    names = catalog.other_names(path.name, path, [folder])
+    assert "smollm2:135m" in names and path.name not in names
+    engine = toy_engine(1)
+    with LiveServer(engine, app=create_app(engine, path.name, names=names)) as live:
+        assert (
+            ask_everywhere(live, ["smollm2:135m", "smollm2-135m-instruct", "smollm2-135m-instruct.gguf:latest"]) == {}
+        )
+        assert "smollm2:135m" in httpx.get(f"{live.url}/v1/models", timeout=30).json()["data"][0]["aliases"]
 
 
 def test_a_registry_model_and_its_ollama_blob_are_one_model(tmp_path):

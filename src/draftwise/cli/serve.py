@@ -17,7 +17,7 @@ from draftwise.cli.common import (
     policy_options,
     say_skipped,
 )
-from draftwise.errors import ConfigError
+from draftwise.errors import ConfigError, ModelError
 from draftwise.loading import DEFAULT_SLOTS, load, load_engine
 from draftwise.server.access import Access
 from draftwise.server.serving import MAX_QUEUE
@@ -231,10 +231,25 @@ def _one_model_app(target, draft, options, speculation, datastore, model_name, m
     engine = loaded.engine
     say_skipped(engine, loaded.draft_note)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")
-    app = create_app(engine, model_name or engine.target.name, max_queue=max_queue, **guards)
+    served_name = model_name or engine.target.name
+    names = _store_names(target, served_name, options.models_dirs)
+    app = create_app(engine, served_name, max_queue=max_queue, names=names, **guards)
     if speculation.policy == "auto":  # the engine's cost model reads its curve now, not in a request
         _ = engine.target_time().curve
     return app
+
+
+def _store_names(target: str, served_name: str, models_dirs) -> tuple[str, ...]:
+    """The other stores' names for the target's file, which the one model answers to as well (an
+    Ollama blob that is also in draftwise's cache: `smollm2:135m`)."""
+    from draftwise import stores
+    from draftwise.server import catalog
+
+    try:
+        resolved = stores.resolve(target, models_dirs, fetch=False)
+        return catalog.other_names(served_name, resolved.path, models_dirs)
+    except (ModelError, OSError):
+        return ()  # a spec no store names (a Hugging Face repo): its spellings only
 
 
 def _serve_on_ray(

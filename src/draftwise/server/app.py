@@ -64,6 +64,7 @@ def create_app(
     max_queue: int = MAX_QUEUE,
     body_timeout_s: float = BODY_TIMEOUT_S,
     access: Access | None = None,
+    names: Sequence[str] = (),
 ) -> FastAPI:
     """api_key / api_keys: bearer keys, one per tenant (a tenant never learns how much of its prompt
     another tenant's request left in the cache). metrics_key: the operator's key for /metrics, which
@@ -71,8 +72,10 @@ def create_app(
     log_content: let error logs quote requests. body_timeout_s: a request body must have arrived
     this long after its headers (then 408). access: the Hosts and web origins answered
     (access.py; None: a loopback server's, and no page of another origin). An engine whose target
-    has several slots decodes that many requests together; max_queue more may wait (then 503)."""
-    state = model_state(model_name, engine, max_queue)
+    has several slots decodes that many requests together; max_queue more may wait (then 503).
+    names: what else the model answers to (other stores' names for its file; names.py adds the
+    spellings of model_name)."""
+    state = model_state(model_name, engine, max_queue, names)
     guards = _Guards(_keys(api_key, api_keys), metrics_key, log_content, body_timeout_s, access or Access())
     app = _app(state.metrics, guards, on_stop=state.serving.close)
     app.state.server = state

@@ -84,6 +84,27 @@ def chosen(spec: str, default: str, extra_dirs: Sequence[str | Path] = ()) -> li
     return out
 
 
+def other_names(name: str, path: Path, extra_dirs: Sequence[str | Path] = ()) -> tuple[str, ...]:
+    """What else the stores call the model file at `path`, served alone as `name` (`serve
+    --target`): the names of the same file in every store, and their aliases. Only names and paths
+    are listed, no header read. Example: a registry model whose file is also an Ollama blob ->
+    ("smollm2:135m",)."""
+    ids = _identities(name, path)
+    found = stores.discover(stores.StoreRoots.from_environment(extra_dirs), with_facts=False).models
+    pending = [(m, _identities(m.name, m.path)) for m in found if m.problem is None]
+    out: list[str] = []
+    grew = True
+    while grew:  # the same file by its path in one store, by its SHA-256 in another
+        grew = False
+        for model, model_ids in list(pending):
+            if model_ids & ids:
+                ids |= model_ids
+                out += [model.name, *stores.aliases(model)]
+                pending.remove((model, model_ids))
+                grew = True
+    return tuple(n for n in dict.fromkeys(out) if n != name)
+
+
 _OLLAMA_BLOB = re.compile(r"sha256[-:]([0-9a-f]{64})")
 
 
