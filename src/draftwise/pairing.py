@@ -22,11 +22,13 @@ from draftwise import calibrate, stores
 from draftwise.calibrate import CostCurve
 from draftwise.drafters.crossvocab import MIN_SHARED
 from draftwise.errors import ModelError
-from draftwise.gguf_header import read_header
-from draftwise.model_facts import available_memory, memory_needed
+from draftwise.gguf_header import TOKENS_KEY, read_header
+from draftwise.model_facts import ModelFacts, available_memory, memory_needed, vocabulary_id
 from draftwise.policy.auto import DRAFT_MODEL_PRIOR, MIN_GAIN, draft_speedup
 
 AUTO = "auto"  # the name in a --draft list that pairing fills
+MAX_DRAFTS_LISTED = 3  # drafts `draftwise models` names per model
+MAX_CROSS_CHECKS = 8  # other vocabularies judged per model there (each vocabulary pair judged once)
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ def token_texts(tokens: Sequence[str], model: str) -> set[str]:
     pieces decoded ("Ġthe" -> " the"), SentencePiece's word marks as spaces ("▁the" -> " the").
     A piece that is not whole UTF-8 (part of a character) is left out."""
     out = set()
+    tokens = [t for t in tokens if isinstance(t, str)]  # a hostile list's other items are no texts
     if model == "gpt2":
         byte_of = _gpt2_bytes()
         for token in tokens:
@@ -95,8 +98,52 @@ def _gpt2_bytes() -> dict[str, int]:
 
 def _vocabulary(path: Path) -> tuple[list[str], str]:
     meta = read_header(path).metadata
-    tokens = meta.get("tokenizer.ggml.tokens")
-    return (tokens if isinstance(tokens, list) else []), str(meta.get("tokenizer.ggml.model", ""))
+    tokens, kind = meta.get(TOKENS_KEY), meta.get("tokenizer.ggml.model")
+    tokens = tokens if isinstance(tokens, list) and all(isinstance(t, str) for t in tokens) else []
+    return tokens, (kind if isinstance(kind, str) else "")
+
+
+class _Vocabularies:
+    """Which models share a vocabulary, with each file's token list read at most once: the ids
+    come from the facts stores.inspect read (a header is read again only for a file listed
+    without them), and the texts of a vocabulary are read, once, only to judge a
+    cross-vocabulary draft."""
+
+    def __init__(self) -> None:
+        self._ids: dict[Path, str | None] = {}
+        self._texts: dict[str, tuple[set[str], int]] = {}  # vocabulary id -> (token texts, number of tokens)
+        self._shares: dict[tuple[str, str], bool] = {}
+
+    def _read(self, path: Path) -> tuple[list[str], str]:
+        try:
+            return _vocabulary(path)
+        except (ModelError, OSError):
+            return [], ""
+
+    def id_of(self, path: Path, facts: ModelFacts | None) -> str | None:
+        if facts is not None and facts.vocabulary_id is not None:
+            return facts.vocabulary_id
+        if path not in self._ids:
+            tokens, kind = self._read(path)
+            self._ids[path] = vocabulary_id(tokens) if tokens else None
+            if tokens:
+                self._texts.setdefault(self._ids[path], (token_texts(tokens, kind), len(tokens)))
+        return self._ids[path]
+
+    def shares(self, draft_id: str, draft_path: Path, target_id: str, target_path: Path) -> bool:
+        """Whether the draft's vocabulary shares at least MIN_SHARED of its tokens' texts with the target's."""
+        key = (draft_id, target_id)
+        if key not in self._shares:
+            draft_texts, num_draft = self._texts_of(draft_id, draft_path)
+            target_texts, _ = self._texts_of(target_id, target_path)
+            self._shares[key] = num_draft > 0 and len(draft_texts & target_texts) >= MIN_SHARED * num_draft
+        return self._shares[key]
+
+    def _texts_of(self, vocab_id: str, path: Path) -> tuple[set[str], int]:
+        if vocab_id not in self._texts:
+            tokens, kind = self._read(path)
+            self._texts[vocab_id] = (token_texts(tokens, kind), len(tokens))
+        return self._texts[vocab_id]
 
 
 def pair_draft(
@@ -131,19 +178,16 @@ def pair_draft(
             "not loaded: none of your models is smaller than the target and fits in the memory left "
             "(`draftwise models` lists them)",
         )
-    target_tokens, target_model = _vocabulary(target_path)
-    target_texts: set[str] | None = None
+    vocabularies = _Vocabularies()
+    target_id = vocabularies.id_of(target_path, target.facts if target else None)
     priced: list[Candidate] = []
     for same in (True, False):
         for model in smaller:
-            tokens, kind = _vocabulary(model.path)
-            if (tokens == target_tokens) != same:
+            model_id = vocabularies.id_of(model.path, model.facts)
+            if target_id is None or model_id is None or (model_id == target_id) != same:
                 continue
-            if not same:
-                target_texts = target_texts if target_texts is not None else token_texts(target_tokens, target_model)
-                texts = token_texts(tokens, kind)
-                if len(texts & target_texts) < MIN_SHARED * max(1, len(tokens)):
-                    continue
+            if not same and not vocabularies.shares(model_id, model.path, target_id, target_path):
+                continue
             priced.append(_price(model, same, target_size, target_curve, threads, n_ctx))
         paying = [c for c in priced if c.same_vocabulary == same and c.speedup > MIN_GAIN]
         if paying:
@@ -194,34 +238,40 @@ class Compatible:
     same_vocabulary: bool
 
 
-def compatible_drafts(found: Sequence[stores.FoundModel]) -> dict[str, list[Compatible]]:
-    """For each usable model, the others that could draft for it (what `draftwise models` lists):
-    smaller, with the same GGUF token list, else sharing at least MIN_SHARED of their token texts
-    (cross-vocabulary drafting); the same vocabulary first, then by size. Each header is read once."""
+def compatible_drafts(
+    found: Sequence[stores.FoundModel], limit: int = MAX_DRAFTS_LISTED
+) -> dict[str, list[Compatible]]:
+    """For each usable model, the few best of the others that could draft for it (what `draftwise
+    models` lists): smaller, with the same GGUF token list, else sharing at least MIN_SHARED of
+    their token texts (cross-vocabulary drafting); the same vocabulary first, then the smallest
+    (the cheapest, as pair_draft prices them), at most limit. Each header's tokens are read at
+    most once, and at most MAX_CROSS_CHECKS other vocabularies are judged per model, so a folder
+    of a thousand models lists in seconds."""
     usable = sorted((m for m in found if m.facts is not None), key=lambda m: m.facts.size_bytes)
-    vocab: dict[Path, tuple[list[str], str]] = {}
-    texts: dict[Path, set[str]] = {}
+    vocabularies = _Vocabularies()
+    by_vocabulary: dict[str, list[stores.FoundModel]] = {}  # each list smallest first
+    ids = {}
     for m in usable:
-        try:
-            vocab[m.path] = _vocabulary(m.path)
-        except (ModelError, OSError):
-            vocab[m.path] = ([], "")
+        ids[m.path] = vocabularies.id_of(m.path, m.facts)
+        if ids[m.path] is not None:
+            by_vocabulary.setdefault(ids[m.path], []).append(m)
     out: dict[str, list[Compatible]] = {}
     for target in usable:
-        target_tokens, target_kind = vocab[target.path]
-        drafts = []
-        for draft in usable:
-            if draft.facts.size_bytes >= target.facts.size_bytes or not target_tokens:
-                continue
-            tokens, kind = vocab[draft.path]
-            if tokens == target_tokens:
-                drafts.append(Compatible(draft.name, True))
-                continue
-            if draft.path not in texts:
-                texts[draft.path] = token_texts(tokens, kind)
-            if target.path not in texts:
-                texts[target.path] = token_texts(target_tokens, target_kind)
-            if len(texts[draft.path] & texts[target.path]) >= MIN_SHARED * max(1, len(tokens)):
-                drafts.append(Compatible(draft.name, False))
-        out[target.name] = sorted(drafts, key=lambda c: not c.same_vocabulary)
+        target_id, size = ids[target.path], target.facts.size_bytes
+        if target_id is None:
+            out[target.name] = []
+            continue
+        drafts = [Compatible(m.name, True) for m in _smaller(by_vocabulary[target_id], size)[:limit]]
+        cross: list[stores.FoundModel] = []
+        others = [v for v in by_vocabulary if v != target_id and by_vocabulary[v][0].facts.size_bytes < size]
+        for other in others[:MAX_CROSS_CHECKS] if len(drafts) < limit else ():
+            if vocabularies.shares(other, by_vocabulary[other][0].path, target_id, target.path):
+                cross += _smaller(by_vocabulary[other], size)[:limit]
+        cross.sort(key=lambda m: m.facts.size_bytes)
+        out[target.name] = drafts + [Compatible(m.name, False) for m in cross[: limit - len(drafts)]]
     return out
+
+
+def _smaller(models: Sequence[stores.FoundModel], size: int) -> list[stores.FoundModel]:
+    """Those of models (smallest first) smaller than size."""
+    return [m for m in models if m.facts.size_bytes < size]

@@ -20,8 +20,7 @@ from pathlib import Path
 from draftwise import models, stores
 from draftwise.engine import Engine
 from draftwise.errors import ConfigError, ModelError
-from draftwise.gguf_header import read_header
-from draftwise.model_facts import ModelFacts, facts_of, memory_needed
+from draftwise.model_facts import ModelFacts, memory_needed
 from draftwise.server.pool import ModelSource
 
 
@@ -36,11 +35,16 @@ class Served:
     aliases: tuple[str, ...] = ()  # the names other stores (or this one) also give it
 
 
-def _facts(path: Path) -> ModelFacts | None:
-    try:
-        return facts_of([read_header(path, with_tokens=False)])
-    except (ModelError, OSError):
-        return None  # a file that cannot be read fails its own requests when loaded, by name
+def _facts(name: str, path: Path) -> tuple[ModelFacts | None, str | None]:
+    """A named model's facts, or why it cannot be used: read as a store's file is (stores.inspect),
+    so a hostile file is a model whose requests fail with its problem, never a server that does
+    not start."""
+    if not path.is_file():  # a registry name not pulled yet (fetched when first asked for), a folder
+        return None, None  # (a Hugging Face model's): the loader reads it
+    found = stores.inspect(name, "", path)
+    if isinstance(found, stores.FoundModel):
+        return found.facts, found.problem
+    return None, None  # no GGUF model (a projector, another format): the loader says why
 
 
 def chosen(spec: str, default: str, extra_dirs: Sequence[str | Path] = ()) -> list[Served]:
@@ -69,10 +73,10 @@ def chosen(spec: str, default: str, extra_dirs: Sequence[str | Path] = ()) -> li
         if not name:
             continue
         if name in models.REGISTRY:  # fetched when first asked for, if it is not yet
-            add(name, models.model_path(name), _facts(models.model_path(name)))
+            add(name, models.model_path(name), *_facts(name, models.model_path(name)))
             continue
         resolved = stores.resolve(name, extra_dirs, fetch=False)
-        add(resolved.name, resolved.path, _facts(resolved.path))
+        add(resolved.name, resolved.path, *_facts(resolved.name, resolved.path))
     if whole_store:
         roots = (
             stores.StoreRoots.from_environment(extra_dirs)
