@@ -205,10 +205,16 @@ def _split_parts(path: Path) -> tuple[tuple[Path, ...], str | None]:
     if not 1 <= index <= total:
         return (path,), f"split model: its name says part {index} of {total}"
     stem = path.name[: match.start()]
-    parts = tuple(path.with_name(f"{stem}-{i:05d}-of-{total:05d}.gguf") for i in range(1, total + 1))
-    missing = [p.name for p in parts if not p.is_file()]
-    shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3:,} more" if len(missing) > 3 else "")
-    return parts, (f"split model: part {shown} missing (or not a regular file)" if missing else None)
+    names = [f"{stem}-{i:05d}-of-{total:05d}.gguf" for i in range(1, total + 1)]
+    try:  # one listing of the folder, not a look-up for each of up to 99,999 parts
+        present = set(os.listdir(path.parent))
+    except OSError:
+        present = set()
+    missing = [n for n in names if n not in present or not (path.parent / n).is_file()]
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3:,} more" if len(missing) > 3 else "")
+        return (path,), f"split model: part {shown} missing (or not a regular file)"
+    return tuple(path.with_name(n) for n in names), None
 
 
 def inspect(name: str, store: str, path: Path, problem: str | None = None) -> FoundModel | Skipped | None:

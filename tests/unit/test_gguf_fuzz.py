@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from draftwise import stores
 from draftwise.cli import main
+from draftwise.server import catalog
 from tiny_gguf import write_tiny_gguf
 
 KEYS = (
@@ -169,9 +170,11 @@ def test_no_header_raises_hangs_or_balloons_out_of_the_store(tmp_path, case):
             assert 0 <= item.facts.kv_bytes_per_token <= item.facts.size_bytes
 
 
-@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(gguf_files(), min_size=3, max_size=6))
-def test_models_lists_a_folder_of_fuzzed_files(tmp_path, monkeypatch, cases):
+def test_models_and_serve_list_a_folder_of_fuzzed_files(tmp_path, monkeypatch, cases):
+    """`draftwise models --json` on a folder of them beside a model, and the catalog `serve
+    --models DIR` serves from: both list the model, nothing raises."""
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home" / ".cache"))
     for variable in ("OLLAMA_MODELS", "HF_HUB_CACHE", "HF_HOME", "LLAMA_CACHE"):
@@ -187,6 +190,9 @@ def test_models_lists_a_folder_of_fuzzed_files(tmp_path, monkeypatch, cases):
     rows = {row["name"]: row for row in json.loads(result.output)["models"]}
     assert rows["good.gguf"]["architecture"] == "llama"
     assert not any(stores.UNFORESEEN in row.get("problem", "") for row in rows.values())
+    served = catalog.chosen(str(folder), str(folder / "good.gguf"))
+    sources = catalog.sources(served, None, n_ctx=256, num_slots=1)
+    assert served[0].facts is not None and all(s.memory_bytes >= 0 for s in sources)
 
 
 @pytest.fixture(autouse=True)

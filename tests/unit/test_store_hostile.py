@@ -322,3 +322,26 @@ def test_serve_models_dir_starts_with_hostile_files_beside_a_model(home, tiny):
     with within(10):  # a bad file named as the default model: served, failing by name
         (bad,) = catalog.chosen(str(home / "nan.gguf"), str(home / "nan.gguf"))
     assert "llama.context_length" in bad.problem
+
+
+def test_serve_models_dir_answers_beside_hostile_files(home, tiny):
+    """`draftwise serve --models DIR` itself (a subprocess) with a FIFO and bad files beside a
+    model: it starts, serves the model, and a bad one's request fails naming its file."""
+    pytest.importorskip("llama_cpp")
+    import httpx
+
+    from tests.server.test_cli_serve import serving
+
+    (home / "good.gguf").write_bytes(tiny.read_bytes())
+    write(home / "nan.gguf", parse(tiny).with_kv("llama.context_length", F32, math.nan))
+    (home / "X-00001-of-00000.gguf").write_bytes(tiny.read_bytes())
+    os.mkfifo(home / "pipe.gguf")
+    args = ["--target", str(home / "good.gguf"), "--models", str(home), "--draft", "none", "--n-ctx", "256"]
+    with serving(*args, "--threads", "1") as url:
+        names = {m["id"] for m in httpx.get(f"{url}/v1/models", timeout=30).json()["data"]}
+        body = {"model": "good.gguf", "prompt": "hi", "max_tokens": 2, "temperature": 0}
+        good = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+        bad = httpx.post(f"{url}/v1/completions", json={**body, "model": "nan.gguf"}, timeout=60)
+    assert {"good.gguf", "nan.gguf"} <= names and good.status_code == 200, good.text
+    assert bad.status_code >= 400 and bad.status_code != 500  # the pool's answer for a model that cannot load
+    assert "nan.gguf" in bad.text and "llama.context_length" in bad.text
