@@ -26,7 +26,7 @@ from draftwise.calibrate import CostCurve, load_or_measure
 from draftwise.drafters.base import Drafter
 from draftwise.policy.base import Plan, PlanState
 from draftwise.policy.cost import MAX_K, Scale, TargetTime
-from draftwise.policy.estimates import AcceptanceEstimate, CopyEstimate, expected_tokens
+from draftwise.policy.estimates import AcceptanceEstimate, CopyEstimate, expected_tokens, prompt_kind
 from draftwise.types import Draft, SpeculationConfig, StepStats
 
 # Speculate only when the expected rate beats plain decoding by this factor: estimates are
@@ -198,6 +198,7 @@ class AutoPolicy:
         self._probed: set[str] = set()  # the draft models whose next probe prices its catch-up
         self._probing: str | None = None  # the draft model the last step probed
         self._ledger = 0.0  # plain steps drafting lost (< 0) in this request, fading (LEDGER_*)
+        self._kind = ""  # the request's kind (estimates.prompt_kind), read from its prompt at its first step
         self.last_decision: dict = {}
 
     @property
@@ -210,6 +211,7 @@ class AutoPolicy:
         self._shadows.clear()  # a new request: earlier proposals refer to another context
         self._breaks.clear()
         self._diverged.clear()
+        self._kind = ""
         if self.time is None:
             raise ValueError("the auto policy needs a target cost curve or a target backend to calibrate")
         _ = self.time.curve  # calibrate now (once per model and machine), not inside a step
@@ -239,6 +241,7 @@ class AutoPolicy:
         est = self._copies.get(key)
         if est is None:
             est = self._copies[key] = CopyEstimate(RESUME_PRIORS if key.endswith(":resume") else None)
+            est.begin_request(self._kind)
         return est
 
     def _diverged_at(self, draft: Draft) -> int:
@@ -330,6 +333,10 @@ class AutoPolicy:
 
     def menu(self, state: PlanState) -> _Menu:
         """This step's options: free drafters' proposals (consulted now) and draft models."""
+        if not self._kind:  # the request's first step: its context is its prompt
+            self._kind = prompt_kind(state.context, self.line_ends)
+            for est in self._copies.values():
+                est.begin_request(self._kind)
         self._score_shadows(state.context)
         self._context = len(state.context)
         k_cap = min(self.max_k, state.max_k)
@@ -469,6 +476,7 @@ class AutoPolicy:
             "target_cost_ms": {n: round(self._target_ms(n), 2) for n in (1, 2, 4, 8, 16, 32, 64)},
             "target_time_scale": round(self.time.load.value, 3),
             "acceptance": {name: est.summary() for name, est in sorted(self._estimates.items())},
+            "prompt_kind": self._kind,
             "copy_acceptance": {name: est.summary() for name, est in sorted(self._copies.items())},
             "draft_time_scale": {name: round(s.value, 3) for name, s in self._draft_scale.items()},
             "lookup_ms": {name: round(ms, 3) for name, ms in self._lookup_ms.items()},

@@ -24,6 +24,15 @@ COPY_SPLIT = 8
 # agreement with the other lookups (that splits it into slowly learned parts), and c follows the
 # match length, not the draft position, so a new copy is drafted far as soon as its match grows
 # (docs/design.md section 7; docs/bench/drafters-full-E/, docs/bench/code-edit-long/).
+# RECORD_KINDS: the record is one per policy, so a server's requests teach the next ones; but
+# whether a short match goes on depends on the text: in code, a signature or a call copied from
+# the prompt goes on; in prose, a phrase said again goes on with other words. So matches shorter
+# than KIND_BELOW are recorded apart for two kinds of prompt (prompt_kind): lines (code, files,
+# data: at least KIND_MIN_LINES lines, and half the prompt's tokens in lines under KIND_LINE
+# tokens) and prose; longer copies, which hold in both, share one record. After eight HumanEval
+# answers, Spec-Bench's math question 442 drafted 113 tokens and kept 9 (live, 0.65x) where a
+# fresh server drafted none (docs/bench/policy-unseen/carry-over/README.md).
+KIND_BELOW, KIND_LINE, KIND_MIN_LINES, KIND_TAIL = 16, 32, 10, 4096
 
 
 def expected_tokens(rates: Iterable[float]) -> list[float]:
@@ -36,6 +45,23 @@ def expected_tokens(rates: Iterable[float]) -> list[float]:
         total += survive
         out.append(total)
     return out
+
+
+def prompt_kind(prompt: Sequence[int], line_ends: frozenset[int]) -> str:
+    """'lines' or 'prose' (RECORD_KINDS): whether half the prompt's tokens lie in lines shorter
+    than KIND_LINE tokens, in a prompt of KIND_MIN_LINES lines or more (its last KIND_TAIL tokens
+    read). Example: 40 lines of 9 tokens -> 'lines'; a question of 60 tokens in a chat template's
+    5 lines -> 'prose'."""
+    lengths, length = [], 0
+    for token in prompt[-KIND_TAIL:]:
+        length += 1
+        if token in line_ends:
+            lengths.append(length)
+            length = 0
+    if len(lengths) < KIND_MIN_LINES:
+        return "prose"
+    short = sum(n for n in lengths if n < KIND_LINE)
+    return "lines" if 2 * short >= sum(lengths) + length else "prose"
 
 
 def copy_bucket(match_length: float) -> int:
@@ -111,7 +137,8 @@ class CopyEstimate:
     twice, for tokens that start a line and for the rest: an edit changes, inserts or moves whole
     lines, so a copy breaks at a line start several times as often as inside a line (LINE_TABLES).
     Each update first decays the buckets it touches once, so the estimate follows the text by
-    steps, not tokens.
+    steps, not tokens. Its buckets of matches shorter than KIND_BELOW are kept per kind of
+    prompt, the request's set by begin_request() (RECORD_KINDS above).
 
     Example: after many fully accepted drafts at L >= 32, c(40) is near 1 and E(31) is near 32,
     while c(3) keeps its prior until short matches are tried.
@@ -125,6 +152,22 @@ class CopyEstimate:
         self.hits = [0.0] * len(self.priors)
         self.trials = [0.0] * len(self.priors)
         self._rates: list[float] | None = None
+        self.kind = ""
+        num_short = bisect.bisect_left(COPY_BUCKETS, KIND_BELOW)  # buckets of each table kept per kind
+        self._short = [i for i in range(len(self.priors)) if i % len(COPY_BUCKETS) < num_short]
+        self._kinds: dict[str, tuple[list[float], list[float]]] = {}  # other kinds' short buckets
+
+    def begin_request(self, kind: str) -> None:
+        """A request of this kind: its short matches rated by that kind's record (RECORD_KINDS)."""
+        if kind == self.kind:
+            return
+        short = self._short
+        if self.kind:
+            self._kinds[self.kind] = ([self.hits[i] for i in short], [self.trials[i] for i in short])
+        hits, trials = self._kinds.pop(kind, ([0.0] * len(short), [0.0] * len(short)))
+        for i, h, t in zip(short, hits, trials):
+            self.hits[i], self.trials[i] = h, t
+        self.kind, self._rates = kind, None
 
     def _index(self, length: float, j: int, line_start: bool = False) -> int:
         nb = len(self.priors) // 6
