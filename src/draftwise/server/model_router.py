@@ -149,8 +149,8 @@ class ModelRouter:
             async with self.pool.use(served, keep_alive_s, accepted=lambda: 0 < status < 400) as state:
                 await self.app({**scope, STATE_KEY: state}, replay, watched_send)
         except ModelUnavailable as exc:
-            # NOTE: not "overloaded" (Anthropic's 529, which its clients retry without end): a model
-            # that cannot load stays so, and x-should-retry tells the OpenAI and Anthropic SDKs.
+            # NOTE: not "overloaded" (Anthropic's 529, which clients retry as a passing overload): a
+            # model that cannot load stays so, and x-should-retry tells the OpenAI and Anthropic SDKs.
             error = APIError(503, str(exc), type="server_error", code=MODEL_UNAVAILABLE)
             await self._reply(error, scope, send, headers={"x-should-retry": "false"})
 
