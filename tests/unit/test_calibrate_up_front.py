@@ -117,14 +117,22 @@ def test_generate_json_reports_calibration_apart(slow_calibration, tiny):
 
 def test_demo_says_once_that_it_calibrated(slow_calibration, tiny, tiny_gguf_dir):
     args = ["demo", "--target", tiny, "--draft-model", str(tiny_gguf_dir / "twin.gguf"), "--threads", "1"]
-    args += ["--n-ctx", "512", "--max-tokens", "12"]
+    args += ["--n-ctx", "1024", "--max-tokens", "12"]
     first = CliRunner().invoke(main, args)
     assert first.exit_code == 0, first.output
     assert first.output.count("note: calibrated the target, the draft model in") == 1
+    # Two tables by default: new code, and an edit where the lookups pay; each run in both.
+    said = " ".join(first.output.split())  # the narrow test console wraps titles
+    assert "new code, greedy" in said and "an edit of code in the prompt, greedy" in said
+    assert said.count("ngram k=8") == 4  # each table's row, and its progress line
     grids = len(slow_calibration)
     cached = CliRunner().invoke(main, args)
     assert cached.exit_code == 0, cached.output
     assert "note: calibrated" not in cached.output and len(slow_calibration) == grids
+    own = CliRunner().invoke(main, [*args, "--prompt", "Say hi."])
+    assert own.exit_code == 0, own.output
+    said = " ".join(own.output.split())
+    assert "your prompt, greedy" in said and "new code" not in said and said.count("ngram k=8") == 2
 
 
 def test_bench_loading_reports_calibration_ms(slow_calibration, tiny):

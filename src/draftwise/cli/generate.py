@@ -1,5 +1,5 @@
 """draftwise generate (one prompt, streamed) and draftwise demo (plain vs n-gram vs draft model
-vs auto on one prompt, with the speeds side by side)."""
+vs auto on new code and on an edit, with the speeds side by side)."""
 
 from __future__ import annotations
 
@@ -39,6 +39,25 @@ DEMO_PROMPT = (
     "            out.append(b[j])\n            j += 1\n    out.extend(a[i:])\n    out.extend(b[j:])\n"
     "    return out\n"
 )
+# The demo's second prompt: an edit whose answer mostly repeats code in the prompt, where prompt
+# lookup pays on any host (the first is mostly new text: the lookups find little to copy and
+# the draft model pays only where a many-row forward is cheap).
+DEMO_EDIT_PROMPT = (
+    "Rename the method `push` to `append` everywhere in this class. Reply with the whole class "
+    "and nothing else.\n\n"
+    "class Stack:\n"
+    '    """A stack of items with a size limit."""\n\n'
+    "    def __init__(self, limit=100):\n        self.items = []\n        self.limit = limit\n\n"
+    "    def push(self, item):\n        if len(self.items) >= self.limit:\n"
+    '            raise OverflowError("the stack is full")\n        self.items.append(item)\n\n'
+    "    def push_all(self, items):\n        for item in items:\n            self.push(item)\n\n"
+    "    def pop(self):\n        if not self.items:\n"
+    '            raise IndexError("pop from an empty stack")\n        return self.items.pop()\n\n'
+    "    def peek(self):\n        return self.items[-1] if self.items else None\n\n"
+    "    def __len__(self):\n        return len(self.items)\n"
+)
+# (title, prompt) of the demo's prompts when --prompt is not given.
+DEMO_PROMPTS = (("new code", DEMO_PROMPT), ("an edit of code in the prompt", DEMO_EDIT_PROMPT))
 
 # (label, drafters, speculation) of the demo's timed runs, plain first: the others' speedup is over it.
 DEMO_RUNS = (
@@ -181,15 +200,19 @@ def generate(
 
 
 @click.command()
-@click.option("--prompt", default=DEMO_PROMPT, show_default=False, help="User message (chat template applied).")
+@click.option(
+    "--prompt",
+    default=None,
+    help="User message (chat template applied); default: two prompts, new code and an edit of code in the prompt.",
+)
 @click.option("--max-tokens", type=int, default=192, show_default=True)
 @click.option("--draft-model", default=models.DEFAULT_DRAFT, show_default=True)
 @model_options
 @friendly_errors
 def demo(prompt, max_tokens, draft_model, target, backend, n_ctx, threads, dtype, device) -> None:
-    """Same prompt, greedy: plain decoding vs n-gram vs draft model vs auto; prints the speeds."""
-    from rich.table import Table
-
+    """Same prompt, greedy: plain decoding vs n-gram vs draft model vs auto; prints the speeds.
+    Without --prompt, two prompts: new code (where the lookups find little to copy) and an edit
+    of code in the prompt (where they pay), each with its own table."""
     options = load_options(backend, n_ctx, threads, dtype, device)
     with download_progress() as report, calibration_progress() as calibrating:
         # The demo shows the draft model at fixed k too, so it is loaded whether or not it can pay
@@ -205,12 +228,21 @@ def demo(prompt, max_tokens, draft_model, target, backend, n_ctx, threads, dtype
         )
     engine = loaded.engine
     say_calibrated(loaded.calibration)
+    console = stderr_console()
+    for title, text in (("your prompt", prompt),) if prompt is not None else DEMO_PROMPTS:
+        console.print(demo_table(engine, console, f"{target}, {title}, greedy, {max_tokens} tokens", text, max_tokens))
+
+
+def demo_table(engine, console, title: str, prompt: str, max_tokens: int):
+    """The demo's runs (DEMO_RUNS) on one prompt, timed after an untimed warm-up: a rich Table of
+    each run's speed over plain decoding's, its acceptance and whether its text is plain's."""
+    from rich.table import Table
+
     messages = [{"role": "user", "content": prompt}]
     sampling = SamplingParams(max_tokens=max_tokens)
-    console = stderr_console()
     # Short headers and a legend: the table fits an 80-column terminal.
     table = Table(
-        title=f"{target}, greedy, {max_tokens} tokens",
+        title=title,
         caption="speedup: tok/s over plain; acc.: draft tokens accepted; tok/step: tokens per target "
         "forward; same: text identical to plain. ngram: prompt lookup, draft: the draft model, "
         "both at fixed k; auto: the cost model picks drafter and k per step.",
@@ -218,7 +250,7 @@ def demo(prompt, max_tokens, draft_model, target, backend, n_ctx, threads, dtype
     for col in ("method", "tok/s", "speedup", "acc.", "tok/step", "same"):
         table.add_column(col, justify="right", no_wrap=True)
     base_tps, base_ids = None, None
-    console.print("warming up ...")
+    console.print(f"{title}: warming up ...")
     demo_warmup(engine, messages)
     for label, drafter_list, spec in DEMO_RUNS:
         console.print(f"[bold]{label}[/bold] ...")
@@ -235,7 +267,7 @@ def demo(prompt, max_tokens, draft_model, target, backend, n_ctx, threads, dtype
             f"{s.tokens_per_step:.2f}",
             "yes" if result.token_ids == base_ids else "no",
         )
-    console.print(table)
+    return table
 
 
 def demo_warmup(engine, messages) -> None:
