@@ -62,7 +62,10 @@ def test_unloaded_models_give_their_memory_back(tmp_path):
     """Three tiny models loaded in turn under a budget of two and then all unloaded, four times,
     by the bench's command (python -m draftwise.bench.unload) in a child process: its RSS with no
     model loaded after the fourth cycle is within 20% of the first's. Before closing a model handed
-    glibc's free pages back (malloc_trim), the same run grew 1.56x (111 -> 173 MiB)."""
+    glibc's free pages back (malloc_trim), the same run grew 1.50-1.56x (111 -> 173 MiB) on a busy
+    2-core host, where loads and closes spread over several executor threads' arenas; on a quiet
+    one the old code stayed near 1.02x too, so this bound guards the fix without always catching
+    its absence (docs/bench/unload-cycles)."""
     from draftwise.loading import DEFAULT_SLOTS
     from draftwise.server import catalog
     from tiny_gguf import write_tiny_gguf
