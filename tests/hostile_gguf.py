@@ -58,12 +58,13 @@ class RawGGUF:
         return replace(self, kvs=tuple(item for item in self.kvs if item[0] != key))
 
 
-def build(raw: RawGGUF, *, num_tensors: int | None = None, num_kv: int | None = None) -> bytes:
-    """The file's bytes; num_tensors / num_kv override the counts written (to make them lie)."""
+def build(raw: RawGGUF, *, num_tensors: int | None = None, num_kv: int | None = None, pad: bool = True) -> bytes:
+    """The file's bytes; num_tensors / num_kv override the counts written (to make them lie);
+    pad=False ends the file where the header does (as a vocabulary-only file may)."""
     head = b"GGUF" + struct.pack("<IQQ", raw.version, raw.num_tensors if num_tensors is None else num_tensors,
                                  len(raw.kvs) if num_kv is None else num_kv)  # fmt: skip
     body = head + b"".join(string(key) + struct.pack("<I", kind) + v for key, kind, v in raw.kvs) + raw.tensor_infos
-    return body + b"\0" * (-len(body) % ALIGN) + raw.data
+    return body + b"\0" * (-len(body) % ALIGN if pad else 0) + raw.data
 
 
 def write(path: Path, raw: RawGGUF, **counts) -> Path:

@@ -9,8 +9,6 @@ memory left before llama.cpp maps it. Estimates are bounded by the file's size (
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -52,7 +50,7 @@ class ModelFacts:
     fim: dict[str, str]  # the FIM tokens' texts by role ({} without them)
     eot: str | None  # the end-of-turn token's text
     kv_bytes_per_token: int  # the KV cache per position at f16 (at most the file's size: see facts_of)
-    vocabulary_id: str | None = None  # a digest of the token list (equal lists, equal ids); None unread
+    vocabulary_id: str | None = None  # GGUFHeader.vocabulary_id: equal token lists, equal ids
 
     def as_json(self) -> dict:
         out = asdict(self)
@@ -151,11 +149,6 @@ def _tokens(meta: dict) -> tuple[list[str], bool]:
     raise GGUFError(f"{TOKENS_KEY} is {_shown(raw)}, not a list of strings")
 
 
-def vocabulary_id(tokens: Sequence[str]) -> str:
-    """A digest of a token list: equal lists, equal ids (what "the same vocabulary" means)."""
-    return hashlib.blake2b(json.dumps(tokens).encode(), digest_size=16).hexdigest()
-
-
 def _facts(headers: Sequence[GGUFHeader]) -> ModelFacts:
     first = headers[0]
     meta = first.metadata
@@ -199,7 +192,7 @@ def _facts(headers: Sequence[GGUFHeader]) -> ModelFacts:
         fim=fim_texts(tokens),
         eot=eot or _token_text(tokens, meta, "tokenizer.ggml.eos_token_id"),
         kv_bytes_per_token=kv_per_token,
-        vocabulary_id=vocabulary_id(tokens) if tokens else None,
+        vocabulary_id=first.vocabulary_id,
     )
 
 

@@ -23,7 +23,7 @@ from draftwise.calibrate import CostCurve
 from draftwise.drafters.crossvocab import MIN_SHARED
 from draftwise.errors import ModelError
 from draftwise.gguf_header import TOKENS_KEY, read_header
-from draftwise.model_facts import ModelFacts, available_memory, memory_needed, vocabulary_id
+from draftwise.model_facts import ModelFacts, available_memory, memory_needed
 from draftwise.policy.auto import DRAFT_MODEL_PRIOR, MIN_GAIN, draft_speedup
 
 AUTO = "auto"  # the name in a --draft list that pairing fills
@@ -96,11 +96,12 @@ def _gpt2_bytes() -> dict[str, int]:
     return chars
 
 
-def _vocabulary(path: Path) -> tuple[list[str], str]:
-    meta = read_header(path).metadata
-    tokens, kind = meta.get(TOKENS_KEY), meta.get("tokenizer.ggml.model")
+def _vocabulary(path: Path) -> tuple[list[str], str, str | None]:
+    """A file's token texts, tokenizer kind and vocabulary id (GGUFHeader.vocabulary_id)."""
+    header = read_header(path)
+    tokens, kind = header.metadata.get(TOKENS_KEY), header.metadata.get("tokenizer.ggml.model")
     tokens = tokens if isinstance(tokens, list) and all(isinstance(t, str) for t in tokens) else []
-    return tokens, (kind if isinstance(kind, str) else "")
+    return tokens, (kind if isinstance(kind, str) else ""), header.vocabulary_id if tokens else None
 
 
 class _Vocabularies:
@@ -114,19 +115,18 @@ class _Vocabularies:
         self._texts: dict[str, tuple[set[str], int]] = {}  # vocabulary id -> (token texts, number of tokens)
         self._shares: dict[tuple[str, str], bool] = {}
 
-    def _read(self, path: Path) -> tuple[list[str], str]:
+    def _read(self, path: Path) -> tuple[list[str], str, str | None]:
         try:
             return _vocabulary(path)
         except (ModelError, OSError):
-            return [], ""
+            return [], "", None
 
     def id_of(self, path: Path, facts: ModelFacts | None) -> str | None:
         if facts is not None and facts.vocabulary_id is not None:
             return facts.vocabulary_id
         if path not in self._ids:
-            tokens, kind = self._read(path)
-            self._ids[path] = vocabulary_id(tokens) if tokens else None
-            if tokens:
+            tokens, kind, self._ids[path] = self._read(path)
+            if self._ids[path] is not None:
                 self._texts.setdefault(self._ids[path], (token_texts(tokens, kind), len(tokens)))
         return self._ids[path]
 
@@ -141,7 +141,7 @@ class _Vocabularies:
 
     def _texts_of(self, vocab_id: str, path: Path) -> tuple[set[str], int]:
         if vocab_id not in self._texts:
-            tokens, kind = self._read(path)
+            tokens, kind, _ = self._read(path)
             self._texts[vocab_id] = (token_texts(tokens, kind), len(tokens))
         return self._texts[vocab_id]
 

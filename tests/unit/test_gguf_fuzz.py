@@ -40,12 +40,16 @@ MEMORY_LIMIT = 256 * 2**20  # Python's allocations while reading one file (the r
 TINY: Path | None = None
 
 
-def _tiny() -> RawGGUF:
+@pytest.fixture(scope="module", autouse=True)
+def _tiny_model(tmp_path_factory):
+    """The tiny model the strategies re-write (drawn during the tests, after this ran)."""
     global TINY
-    if TINY is None:
-        import tempfile
+    TINY = write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "tiny.gguf", n_embd=16, n_head=2, n_head_kv=1)
+    yield
+    TINY = None
 
-        TINY = write_tiny_gguf(Path(tempfile.mkdtemp()) / "tiny.gguf", n_embd=16, n_head=2, n_head_kv=1)
+
+def _tiny() -> RawGGUF:
     return parse(TINY)
 
 

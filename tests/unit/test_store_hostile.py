@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from hostile_gguf import ARRAY, STRING, parse, string, within, write
+from hostile_gguf import ARRAY, STRING, build, parse, string, within, write
 
 from draftwise import gguf_header, model_facts, pairing, stores
 from draftwise.cli import main
@@ -232,8 +232,10 @@ def test_a_header_without_tensors_is_no_model_and_no_draft(home, tiny):
     raw = parse(tiny)
     write(home / "zz-big.gguf", raw)
     write(home / "header-only.gguf", type(raw)(raw.version, raw.kvs, b"", 0, b""))
+    (home / "vocab-only.gguf").write_bytes(build(type(raw)(raw.version, raw.kvs, b"", 0, b""), pad=False))
     found, _ = _listing(home)
     assert "without tensors" in found["header-only.gguf"].problem
+    assert "without tensors" in found["vocab-only.gguf"].problem  # not "truncated": no data to need
     rows = {row["name"]: row for row in _models_json(home)["models"]}
     assert rows["zz-big.gguf"]["drafts"] == [] and "problem" in rows["header-only.gguf"]
 
@@ -269,6 +271,9 @@ def test_the_drafts_column_names_a_few_and_each_header_is_read_once(home, tiny, 
     assert names["other-19.gguf"] == [("other-00.gguf", True), ("other-01.gguf", True), ("other-02.gguf", True)]
     assert names["other-00.gguf"] == []  # the smallest: nothing smaller
     assert elapsed < 30  # seconds on a shared 2-core host; ~2 s alone
+    same = read_header(home / "same-00.gguf")
+    assert read_header(home / "same-00.gguf", with_tokens=False).vocabulary_id == same.vocabulary_id
+    assert same.vocabulary_id != read_header(home / "other-00.gguf").vocabulary_id
 
 
 # ---------------------------------------------------------------------- item 12: Ollama digests
