@@ -170,3 +170,22 @@ def catalog_pool(sources):
     from tests.server.test_models_pool import make_pool
 
     return make_pool(sources)
+
+
+def test_two_stores_files_of_one_name_are_both_served(tiny_gguf_dir, tmp_path, monkeypatch):
+    """Two folders each holding a different model.gguf: the second is served under its path (the
+    server starts), and the shared stem "model" is neither's."""
+    import shutil
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    for folder, name in ((one, "target.gguf"), (two, "draft.gguf")):
+        folder.mkdir()
+        shutil.copy(tiny_gguf_dir / name, folder / "model.gguf")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home" / ".cache"))
+    for key in ("OLLAMA_MODELS", "HF_HOME", "HF_HUB_CACHE", "LLAMA_CACHE"):
+        monkeypatch.delenv(key, raising=False)
+    served = catalog.chosen("all", str(one / "model.gguf"), [one, two])
+    assert [s.name for s in served] == ["model.gguf", str(two / "model.gguf")]
+    pool = catalog_pool(catalog.sources(served, lambda spec: toy_engine(1), n_ctx=256, num_slots=1))
+    assert pool.resolve("model") is None and pool.resolve(str(two / "model.gguf")) == str(two / "model.gguf")

@@ -54,7 +54,14 @@ def chosen(spec: str, default: str, extra_dirs: Sequence[str | Path] = ()) -> li
     out: list[Served] = []
     known: list[set[tuple]] = []  # each served model's identities (_identities)
 
-    def add(name: str, path: Path, facts: ModelFacts | None = None, problem: str | None = None, aliases=()) -> None:
+    def add(
+        name: str,
+        path: Path,
+        facts: ModelFacts | None = None,
+        problem: str | None = None,
+        aliases=(),
+        found_in_store: bool = False,
+    ) -> None:
         ids = _identities(name, path)
         for i, served in enumerate(out):
             if ids & known[i]:  # the same model in another store: one more name for it
@@ -63,7 +70,9 @@ def chosen(spec: str, default: str, extra_dirs: Sequence[str | Path] = ()) -> li
                 known[i] |= ids
                 return
         if any(s.name == name for s in out):
-            raise ConfigError(f"two models would be served as {name!r}: {path} and another; serve one of them")
+            if not found_in_store:
+                raise ConfigError(f"two models would be served as {name!r}: {path} and another; serve one of them")
+            name = str(path)  # two stores' files of one name (two folders' model.gguf): its path, not a refusal
         out.append(Served(name, path, facts, problem, tuple(aliases)))
         known.append(ids)
 
@@ -84,7 +93,7 @@ def chosen(spec: str, default: str, extra_dirs: Sequence[str | Path] = ()) -> li
             else stores.StoreRoots((("folder", Path(spec)),))
         )
         for found in stores.discover(roots).models:
-            add(found.name, found.path, found.facts, found.problem, stores.aliases(found))
+            add(found.name, found.path, found.facts, found.problem, stores.aliases(found), found_in_store=True)
     return out
 
 
