@@ -95,6 +95,28 @@ def test_chat_streaming_starts_with_the_role_and_ends_with_done(server):
     assert chunks[-1].choices[0].finish_reason == "length" and chunks[-1].usage is None
 
 
+def test_answers_carry_llama_servers_timings_on_their_last_chunk(server):
+    """llama-server's per-request `timings` on the whole answer and on each choice's last chunk
+    (predicted_n counts the sampled tokens, the EOS included, as llama.cpp's n_decoded)."""
+    resp = client(server.url).chat.completions.create(model=MODEL, messages=chat("time me"), max_tokens=12, **GREEDY)
+    timings = resp.model_extra["timings"]
+    spec = resp.usage.model_extra["speculative"]
+    assert timings["predicted_n"] == spec["num_generated"] + spec["num_eos"] == 12
+    assert timings["prompt_n"] == resp.usage.prompt_tokens - spec["num_reused_tokens"]
+    assert timings["predicted_ms"] == spec["decode_ms"] and timings["predicted_per_second"] > 0
+    openai_client = client(server.url)
+    streams = (
+        openai_client.chat.completions.create(
+            model=MODEL, messages=chat("time me"), max_tokens=12, stream=True, **GREEDY
+        ),
+        openai_client.completions.create(model=MODEL, prompt="time me", max_tokens=12, stream=True, **GREEDY),
+    )
+    for stream in streams:
+        chunks = list(stream)
+        with_timings = [c for c in chunks if (c.model_extra or {}).get("timings")]
+        assert with_timings == [chunks[-1]] and chunks[-1].model_extra["timings"]["predicted_n"] == 12
+
+
 def test_seeded_sampling_with_extensions_is_reproducible(server):
     params = dict(temperature=0.9, top_p=0.95, seed=1234)
     extra = {"top_k": 8, "min_p": 0.01}

@@ -70,6 +70,13 @@ def usage(choices_done: Finished | list[Finished], n: int = 1) -> p.Usage:
     )
 
 
+def request_timings(done: Finished) -> dict | None:
+    """llama-server's timings of one choice (what `timings` carries on OpenAI answers), or None
+    where its cache came from another tenant (the prompt's split into cached and read is theirs)."""
+    stats = done.result.stats
+    return _timings(stats, stats.num_generated + stats.num_eos) if done.cache_visible else None
+
+
 def finish_reason(done: Finished) -> str | None:
     reason = done.result.finish_reason
     return reason if reason in ("stop", "length") else None
@@ -101,6 +108,8 @@ def token_sources(spans) -> dict[str, Any]:
 
 def _sse(chunk: Any, include_usage: bool) -> str:
     data = chunk.model_dump(mode="json")
+    if data.get("timings") is None:
+        data.pop("timings", None)
     for choice in data["choices"]:
         if "delta" in choice:  # OpenAI leaves unset delta fields out: {"content": "x"}, {}
             choice["delta"] = {k: v for k, v in choice["delta"].items() if v is not None}
@@ -136,6 +145,7 @@ class ChatAnswer:
         usage: p.Usage | None = None,
         entries=None,
         spans=(),
+        timings: dict | None = None,
     ) -> str:
         parts = (
             []
@@ -147,7 +157,7 @@ class ChatAnswer:
             ]
         )
         chunk = p.ChatCompletionChunk(
-            id=self.id, created=self.created, model=self.model_name, choices=parts, usage=usage
+            id=self.id, created=self.created, model=self.model_name, choices=parts, usage=usage, timings=timings
         )
         return _sse(chunk, self.include_usage)
 
@@ -165,11 +175,13 @@ class ChatAnswer:
         return deltas(self.tools.feed(index, piece.text), self._delta_chunk(index))
 
     def final_chunk(self, index: int, done: Finished) -> str:
-        finish = finish_reason(done)
+        finish, timings = finish_reason(done), request_timings(done)
         if self.tools is None:
-            return self._chunk(index, p.ChatDelta(), finish)
+            return self._chunk(index, p.ChatDelta(), finish, timings=timings)
         held, called = self.tools.finish(index)
-        last = self._chunk(index, p.ChatDelta(), "tool_calls" if called and finish == "stop" else finish)
+        last = self._chunk(
+            index, p.ChatDelta(), "tool_calls" if called and finish == "stop" else finish, timings=timings
+        )
         return deltas(held, self._delta_chunk(index)) + last
 
     def usage_chunk(self, usage: p.Usage) -> str:
@@ -192,7 +204,12 @@ class ChatAnswer:
                 )
             )
         return p.ChatCompletion(
-            id=self.id, created=self.created, model=self.model_name, usage=usage(done, self.body.n or 1), choices=parts
+            id=self.id,
+            created=self.created,
+            model=self.model_name,
+            usage=usage(done, self.body.n or 1),
+            choices=parts,
+            timings=request_timings(done[0]),
         )
 
 
@@ -216,6 +233,7 @@ class CompletionAnswer:
         usage: p.Usage | None = None,
         entries=None,
         spans=(),
+        timings: dict | None = None,
     ) -> str:
         parts = (
             []
@@ -227,7 +245,7 @@ class CompletionAnswer:
             ]
         )
         chunk = p.Completion(
-            id=self.jobs[0].id, created=self.created, model=self.model_name, choices=parts, usage=usage
+            id=self.jobs[0].id, created=self.created, model=self.model_name, choices=parts, usage=usage, timings=timings
         )
         return _sse(chunk, self.include_usage)
 
@@ -261,7 +279,7 @@ class CompletionAnswer:
 
     def final_chunk(self, index: int, done: Finished) -> str:
         prefix, head = self._echo(index, done.result.prompt_logprobs)  # an answer without text
-        return self._chunk(index, prefix, finish_reason(done), entries=head)
+        return self._chunk(index, prefix, finish_reason(done), entries=head, timings=request_timings(done))
 
     def usage_chunk(self, usage: p.Usage) -> str:
         return self._chunk(0, None, usage=usage)
@@ -292,6 +310,7 @@ class CompletionAnswer:
             model=self.model_name,
             usage=usage(done, self.best_of),  # every candidate's tokens
             choices=parts,
+            timings=request_timings(done[0]),
         )
 
 

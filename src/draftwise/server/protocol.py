@@ -235,6 +235,9 @@ class ChatCompletion(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    # llama-server's per-request timings (prompt_n, prompt_ms, predicted_per_second, ...): on the
+    # whole answer, and on a stream's last chunk of each choice; absent elsewhere.
+    timings: dict | None = None
     system_fingerprint: str | None = None
 
 
@@ -260,6 +263,9 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
+    # llama-server's per-request timings (prompt_n, prompt_ms, predicted_per_second, ...): on the
+    # whole answer, and on a stream's last chunk of each choice; absent elsewhere.
+    timings: dict | None = None
     system_fingerprint: str | None = None
 
 
@@ -281,6 +287,9 @@ class Completion(BaseModel):
     model: str
     choices: list[CompletionChoice]
     usage: Usage | None = None
+    # llama-server's per-request timings (prompt_n, prompt_ms, predicted_per_second, ...): on the
+    # whole answer, and on a stream's last chunk of each choice; absent elsewhere.
+    timings: dict | None = None
     system_fingerprint: str | None = None
 
 
