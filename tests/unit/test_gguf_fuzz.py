@@ -194,6 +194,8 @@ def test_models_and_serve_list_a_folder_of_fuzzed_files(tmp_path, monkeypatch, c
     rows = {row["name"]: row for row in json.loads(result.output)["models"]}
     assert rows["good.gguf"]["architecture"] == "llama"
     assert not any(stores.UNFORESEEN in row.get("problem", "") for row in rows.values())
+    table = CliRunner().invoke(main, ["models", "--models-dir", str(folder)])
+    assert table.exit_code == 0, table.output
     served = catalog.chosen(str(folder), str(folder / "good.gguf"))
     sources = catalog.sources(served, None, n_ctx=256, num_slots=1)
     assert served[0].facts is not None and all(s.memory_bytes >= 0 for s in sources)

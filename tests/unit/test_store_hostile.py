@@ -350,3 +350,16 @@ def test_serve_models_dir_answers_beside_hostile_files(home, tiny):
     assert {"good.gguf", "nan.gguf"} <= names and good.status_code == 200, good.text
     assert bad.status_code >= 400 and bad.status_code != 500  # the pool's answer for a model that cannot load
     assert "nan.gguf" in bad.text and "llama.context_length" in bad.text
+
+
+def test_the_table_prints_names_and_headers_that_look_like_markup(home, tiny):
+    """`draftwise models` (the table): a folder 'a[/b]' and an architecture '[/x]' are printed
+    as they are, not read as rich markup (an unmatched closing tag stopped the listing)."""
+    (home / "a[" / "b]").mkdir(parents=True)
+    (home / "a[" / "b]" / "x.gguf").write_bytes(tiny.read_bytes())
+    write(home / "b.gguf", parse(tiny).with_kv("general.architecture", STRING, "[/x]"))
+    write(home / "c.gguf", parse(tiny).with_kv("llama.context_length", STRING, "[bold]"))
+    table = CliRunner().invoke(main, ["models", "--models-dir", str(home)])
+    assert table.exit_code == 0, table.output
+    assert "a[/b]/x.gguf" in table.output and "[/x]" in table.output
+    assert "cannot use c.gguf (folder)" in table.output and "'[bold]'" in table.output

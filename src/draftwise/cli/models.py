@@ -101,9 +101,12 @@ def _drafts_text(drafts) -> str:
 
 
 def _print_table(rows: list[dict], found) -> None:
+    """The table, then the models that cannot be used and the files skipped. Every text is
+    escaped: a file's name or header is no rich markup ('a[/b]/x.gguf' would stop the listing)."""
     import sys
 
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title="models (--target takes a name)")
@@ -118,7 +121,7 @@ def _print_table(rows: list[dict], found) -> None:
             continue
         if "problem" in row:
             continue  # listed under the table: the message names the file
-        table.add_row(
+        cells = (
             row["name"],
             row["store"],
             row["architecture"],
@@ -132,13 +135,15 @@ def _print_table(rows: list[dict], found) -> None:
             "yes" if row["fim"] else "-",
             _drafts_text(row.get("drafts", ())),
         )
+        table.add_row(*(escape(cell) for cell in cells))
     console = Console(width=None if sys.stdout.isatty() else 400)  # piped: a line a model, unfolded
     console.print(table)
     for row in rows:
         if "problem" in row:
-            console.print(f"[red]cannot use[/red] {row['name']} ({row['store']}): {row['problem']}", soft_wrap=True)
+            text = escape(f"{row['name']} ({row['store']}): {row['problem']}")
+            console.print(f"[red]cannot use[/red] {text}", soft_wrap=True)
     for skipped in found.skipped:
-        console.print(f"skipped {skipped.path}: {skipped.reason}", soft_wrap=True)
+        console.print(escape(f"skipped {skipped.path}: {skipped.reason}"), soft_wrap=True)
     if not found.searched:
         console.print("no store found (looked for Ollama, LM Studio, the Hugging Face and llama.cpp caches)")
 
