@@ -123,7 +123,8 @@ def _ollama(root: Path) -> Iterator[tuple[str, Path, str | None]]:
             continue
         blob = root / "blobs" / f"sha256-{digest}"
         if not blob.is_file():
-            yield name, blob, f"manifest {manifest} names blob {blob.name}, which is missing from {root / 'blobs'}"
+            missing = f"missing from {root / 'blobs'} (or not a regular file)"
+            yield name, blob, f"manifest {manifest} names blob {blob.name}, which is {missing}"
         else:
             yield name, blob, None
 
