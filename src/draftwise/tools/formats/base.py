@@ -225,6 +225,13 @@ class JsonCallsParser:
         self._closer = self._call_closer()  # of the current call
         self._buf = ""
         self._mode = "text"  # text -> head -> args -> close -> between -> head ...
+        self._steps: dict[str, Callable[[], StreamEvent | None]] = {
+            "text": self._text,
+            "head": self._head,
+            "args": self._args,
+            "close": self._close,
+            "between": self._between,
+        }
         self.content = ""
         self.calls: list[ToolCall] = []
         self._current: dict | None = None
@@ -235,7 +242,7 @@ class JsonCallsParser:
         self._buf += text
         events: list[StreamEvent] = []
         while True:
-            step = getattr(self, f"_{self._mode}")()
+            step = self._steps[self._mode]()
             if step is None:
                 return events
             if step.content or step.name or step.arguments:
