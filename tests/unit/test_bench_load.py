@@ -294,6 +294,7 @@ def test_cli_bad_input(args, message, tmp_path):
     assert message in result.output and "Traceback" not in result.output
 
 
+@pytest.mark.slow  # starts `draftwise serve` as a process and waits for its model (13 s on 2 loaded cores)
 def test_cli_starts_draftwise_serve_and_stops_it(tiny_gguf_dir, tmp_path):
     pytest.importorskip("llama_cpp")
     serve_args = f"--target {tiny_gguf_dir / 'target.gguf'} --draft ngram --n-ctx 4096 --threads 1"
@@ -530,6 +531,7 @@ def test_cli_soak_without_server_pid_says_rss_is_not_sampled(fake, tmp_path):
     assert "RSS not sampled" in (tmp_path / "report.md").read_text() and (tmp_path / "rss.png").is_file()
 
 
+@pytest.mark.slow  # starts `draftwise serve` as a process and samples its memory (9-18 s on 2 loaded cores)
 def test_cli_soak_samples_the_server_it_starts(tiny_gguf_dir, tmp_path):
     pytest.importorskip("llama_cpp")
     serve_args = f"--target {tiny_gguf_dir / 'target.gguf'} --draft ngram --n-ctx 4096 --threads 1"
