@@ -20,6 +20,7 @@ from draftwise.server.errors import APIError
 from draftwise.server.llama_protocol import DEFAULT_SAMPLERS, InfillRequest
 from draftwise.server.serving import Finished, Job, JobCancelled, JobFailed, Piece
 from draftwise.server.tools import ChatTools, answer, deltas
+from draftwise.server.translate import OpenAIReply
 from draftwise.types import SamplingParams
 
 SUPERSEDED = "superseded by a newer request from the same client"
@@ -118,24 +119,26 @@ def _sse(chunk: Any, include_usage: bool) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-def _include_usage(body: p._GenerationRequest) -> bool:
-    return bool(body.stream_options and body.stream_options.include_usage)
-
-
 # ---------------------------------------------------------------------- OpenAI: chat
 class ChatAnswer:
     """A /v1/chat/completions answer: chat.completion.chunk events or one chat.completion; with
     tools, the text becomes message.tool_calls (streamed as delta.tool_calls)."""
 
     def __init__(
-        self, body: p.ChatCompletionRequest, jobs: list[Job], model_name: str, tokenizer, tools: ChatTools | None
+        self, reply: OpenAIReply, jobs: list[Job], model_name: str, tokenizer, tools: ChatTools | None
     ) -> None:
-        self.body, self.id, self.model_name, self.tokenizer, self.tools = body, jobs[0].id, model_name, tokenizer, tools
+        self.reply, self.id, self.model_name, self.tokenizer, self.tools = (
+            reply,
+            jobs[0].id,
+            model_name,
+            tokenizer,
+            tools,
+        )
         self.num_choices = len(jobs)
-        self.created, self.include_usage = int(time.time()), _include_usage(body)
+        self.created, self.include_usage = int(time.time()), reply.include_usage
 
     def _logprobs(self, entries) -> dict | None:
-        return choices.chat_logprobs(self.tokenizer, entries) if self.body.logprobs else None
+        return choices.chat_logprobs(self.tokenizer, entries) if self.reply.logprobs is not None else None
 
     def _chunk(
         self,
@@ -207,7 +210,7 @@ class ChatAnswer:
             id=self.id,
             created=self.created,
             model=self.model_name,
-            usage=usage(done, self.body.n or 1),
+            usage=usage(done, self.reply.n),
             choices=parts,
             timings=request_timings(done[0]),
         )
@@ -218,10 +221,10 @@ class CompletionAnswer:
     """A /v1/completions answer: text_completion chunks or one object; echo puts the prompt (and
     its logprobs) first, best_of keeps the n best candidates."""
 
-    def __init__(self, body: p.CompletionRequest, jobs: list[Job], model_name: str, tokenizer) -> None:
-        self.body, self.jobs, self.model_name, self.tokenizer = body, jobs, model_name, tokenizer
-        self.n, self.best_of = body.n or 1, body.best_of or body.n or 1
-        self.created, self.include_usage = int(time.time()), _include_usage(body)
+    def __init__(self, reply: OpenAIReply, jobs: list[Job], model_name: str, tokenizer) -> None:
+        self.reply, self.jobs, self.model_name, self.tokenizer = reply, jobs, model_name, tokenizer
+        self.n, self.best_of = reply.n, reply.best_of
+        self.created, self.include_usage = int(time.time()), reply.include_usage
         self._echoed: set[int] = set()
         self._sent: dict[int, int] = {}  # text sent per choice (logprobs' text_offset)
 
@@ -252,14 +255,14 @@ class CompletionAnswer:
     def _echo(self, index: int, prompt_logprobs) -> tuple[str, dict | None]:
         """The prompt's text and (if asked) logprobs, once, with a streamed choice's first
         text (the first prompt token has none)."""
-        if not self.body.echo or index in self._echoed:
+        if not self.reply.echo or index in self._echoed:
             return "", None
         self._echoed.add(index)
         ids = self.jobs[index].prompt_ids
         entries = None
-        if self.body.logprobs is not None:
+        if self.reply.logprobs is not None:
             rows = [None, *(prompt_logprobs or ())]
-            entries = choices.completion_logprobs(self.tokenizer, rows, ids, self.body.logprobs)
+            entries = choices.completion_logprobs(self.tokenizer, rows, ids, self.reply.logprobs)
         return self.tokenizer.decode(ids), entries
 
     def openings(self) -> list[str]:
@@ -269,10 +272,10 @@ class CompletionAnswer:
         prefix, head = self._echo(index, piece.prompt_logprobs)
         entries = None
         start = self._sent.get(index, 0) + len(prefix)  # text_offset counts from the choice's first text
-        if self.body.logprobs is not None:
+        if self.reply.logprobs is not None:
             tokens = [e.token for e in piece.logprobs]
             entries = choices.completion_logprobs(
-                self.tokenizer, piece.logprobs, tokens, self.body.logprobs, offset=start
+                self.tokenizer, piece.logprobs, tokens, self.reply.logprobs, offset=start
             )
         self._sent[index] = start + len(piece.text)
         return self._chunk(index, prefix + piece.text, entries=_joined(head, entries), spans=piece.spans)
@@ -286,14 +289,14 @@ class CompletionAnswer:
 
     def _choice(self, index: int, done: Finished) -> p.CompletionChoice:
         result, entries = done.result, None
-        prompt_text = self.tokenizer.decode(result.prompt_ids) if self.body.echo else ""
-        if self.body.logprobs is not None:
+        prompt_text = self.tokenizer.decode(result.prompt_ids) if self.reply.echo else ""
+        if self.reply.logprobs is not None:
             tokens = [e.token for e in result.logprobs or []]
             rows = list(result.logprobs or [])
-            if self.body.echo:  # the first prompt token has no logprob
+            if self.reply.echo:  # the first prompt token has no logprob
                 tokens = [*result.prompt_ids, *tokens]
                 rows = [None, *(result.prompt_logprobs or []), *rows]
-            entries = choices.completion_logprobs(self.tokenizer, rows, tokens, self.body.logprobs)
+            entries = choices.completion_logprobs(self.tokenizer, rows, tokens, self.reply.logprobs)
         return p.CompletionChoice(
             index=index,
             text=prompt_text + result.text,

@@ -1,31 +1,29 @@
 """OpenAI's routes: /v1/chat/completions, /v1/completions (JSON, or server-sent events in
 OpenAI's chunk format), /v1/models; and the server's /health and /metrics.
 
-Each route translates its body (translate.py), queues one Job per choice on the Serving
-queue (`submit`), and replies with its answer (answers.py) through streams.py; a client
-that goes away cancels its jobs, which the engine sees at its next step.
+Each route translates its body once (translate.py: the engine's requests and an OpenAIReply),
+queues one Job per choice on the Serving queue (`submit`), and replies with its answer
+(answers.py) through streams.py, which read the reply, not the body; a client that goes away
+cancels its jobs, which the engine sees at its next step.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable
-from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from draftwise.server import choices, names, pool_answers, translate
+from draftwise.server import names, pool_answers, translate
 from draftwise.server import protocol as p
 from draftwise.server.answers import ChatAnswer, CompletionAnswer
-from draftwise.server.errors import ERROR_STATUSES, APIError, openai_refusal
+from draftwise.server.errors import ERROR_STATUSES, APIError
+from draftwise.server.prepared import Prepared
 from draftwise.server.serving import Job
 from draftwise.server.state import Operator, Pool, ServerState, State, Tenant, server_state
 from draftwise.server.streams import openai_reply
-from draftwise.server.tools import chat_tools
-
-COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions endpoint
+from draftwise.server.translate import OpenAIReply
 
 _STREAM_RESPONSE = {
     "content": {"text/event-stream": {"schema": {"type": "string"}}},
@@ -36,45 +34,20 @@ router = APIRouter()
 
 
 async def submit(
-    state: State,
-    body: p._GenerationRequest,
-    tenant: int | None,
-    endpoint: str,
-    prefix: str,
-    items: list[Any],
-    prepare: Callable[[Any], translate.EngineRequest],
-    *,
-    param: str,
-    copies: int | None = None,
+    state: State, prepared: Prepared[OpenAIReply], tenant: int | None, endpoint: str, prefix: str
 ) -> list[Job]:
-    """Translate and queue a request, one Job per choice: each item (a prompt, or None for chat
-    messages) `copies` times, default n (see server.choices); library errors become the 4xx
-    APIErrors of errors.openai_refusal (then no job stays queued). copies > n (completions'
-    best_of): each answer's logprobs are kept for ranking.
-
-    NOTE: everything that grows with the request (tokenising the prompt and the prediction,
-    compiling the constraint) runs in a worker thread, so that no request holds the event loop
-    (and with it every other client and /health).
-    """
+    """Queue a translated request, one Job per choice (prompt-major: each prompt's best_of
+    copies, see server.choices); library errors become the 4xx APIErrors of
+    errors.openai_refusal (then no job stays queued). best_of > n (completions): each
+    candidate's logprobs are kept for ranking."""
+    reply = prepared.reply
     job_id, jobs = f"{prefix}-{uuid.uuid4().hex[:24]}", []
-    per_prompt = copies or body.n or 1
-    # More choices than the server can ever hold at once would meet a full queue (503) even on
-    # an idle server: that request can never be served, so it is a 400 before anything is queued.
-    capacity = state.serving.max_queue + state.engine.num_slots
-    if len(items) * per_prompt > capacity:
-        raise APIError(
-            400,
-            f"the request asks for {len(items) * per_prompt} choices ({len(items)} prompt(s) x {per_prompt}); "
-            f"this server holds at most {capacity} at once (--max-queue plus its slots)",
-            param="n",
-            code="too_many_choices",
-        )
-    try:
+    ranked = reply.best_of > reply.n
+    with translate.refusals(reply):
         try:
-            for item in items:
-                prepared = await asyncio.to_thread(prepare, item)
-                for copy in range(per_prompt):
-                    one = prepared.choice(copy, ranked=per_prompt > (body.n or 1))
+            for request in prepared.requests:
+                for copy in range(reply.best_of):
+                    one = request.choice(copy, ranked=ranked)
                     job = Job(job_id, endpoint, one.prompt_ids, tenant=tenant, predicted=one.prediction is not None)
                     await asyncio.to_thread(
                         state.serving.submit,
@@ -90,12 +63,12 @@ async def submit(
             for job in jobs:
                 job.cancel("another choice of the request was refused")
             raise
-    except Exception as exc:
-        error = openai_refusal(exc, param=param, constraint_param=translate.constraint_param(body))
-        if error is None:
-            raise
-        raise error from None
     return jobs
+
+
+def capacity(state: ServerState) -> int:
+    """The choices the server can hold at once: its queue and its slots."""
+    return state.serving.max_queue + state.engine.num_slots
 
 
 @router.post(
@@ -105,19 +78,14 @@ async def submit(
     responses={200: _STREAM_RESPONSE, **ERROR_STATUSES},
 )
 async def chat_completions(body: p.ChatCompletionRequest, request: Request, state: State, tenant: Tenant):
-    engine = state.engine
-    tools, messages = chat_tools(body, engine.tokenizer, translate.chat_messages(body))
-    max_tokens = body.max_completion_tokens or body.max_tokens
-    translate.check_model(body, state.model_name, state.names)
-
-    def prepare(_item: None) -> translate.EngineRequest:
-        return translate.openai_request(engine, body, None, messages, max_tokens, None, tools)
-
-    jobs = await submit(state, body, tenant, "chat", "chatcmpl", [None], prepare, param="messages")
-    answer = ChatAnswer(body, jobs, state.model_name, engine.tokenizer, tools)
-    return await openai_reply(
-        jobs, body, request, answer, constraint_param=translate.constraint_param(body), metrics=state.metrics
-    )
+    """NOTE: the translation tokenises and compiles (the prompt, the prediction, the constraint),
+    so it runs in a worker thread: no request holds the event loop, and with it every other
+    client and /health."""
+    engine, served = state.engine, (state.model_name, state.names)
+    prepared = await asyncio.to_thread(translate.chat, engine, body, served, capacity(state))
+    jobs = await submit(state, prepared, tenant, "chat", "chatcmpl")
+    answer = ChatAnswer(prepared.reply, jobs, state.model_name, engine.tokenizer, prepared.tools)
+    return await openai_reply(jobs, prepared.reply, request, answer, metrics=state.metrics)
 
 
 @router.post(
@@ -127,24 +95,11 @@ async def chat_completions(body: p.ChatCompletionRequest, request: Request, stat
     responses={200: _STREAM_RESPONSE, **ERROR_STATUSES},
 )
 async def completions(body: p.CompletionRequest, request: Request, state: State, tenant: Tenant):
-    n, best_of = body.n or 1, body.best_of or body.n or 1
-    if best_of < n:
-        raise APIError(400, f"best_of ({best_of}) must be at least n ({n})", param="best_of", code="invalid_value")
-    if best_of > n and body.stream:
-        why = "best_of > n cannot be streamed (the best are known at the end)"
-        raise APIError(400, why, param="best_of", code="invalid_value")
-    engine = state.engine
-    translate.check_model(body, state.model_name, state.names)
-    items = choices.prompts(body.prompt, engine.target.vocab_size)
-
-    def prepare(item: tuple[str | None, list[int] | None]) -> translate.EngineRequest:
-        return translate.openai_request(engine, body, item, None, body.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS)
-
-    jobs = await submit(state, body, tenant, "completions", "cmpl", items, prepare, param="prompt", copies=best_of)
-    answer = CompletionAnswer(body, jobs, state.model_name, engine.tokenizer)
-    return await openai_reply(
-        jobs, body, request, answer, constraint_param=translate.constraint_param(body), metrics=state.metrics
-    )
+    engine, served = state.engine, (state.model_name, state.names)
+    prepared = await asyncio.to_thread(translate.completions, engine, body, served, capacity(state))
+    jobs = await submit(state, prepared, tenant, "completions", "cmpl")
+    answer = CompletionAnswer(prepared.reply, jobs, state.model_name, engine.tokenizer)
+    return await openai_reply(jobs, prepared.reply, request, answer, metrics=state.metrics)
 
 
 @router.get("/v1/models", response_model=p.ModelList, tags=["openai"], responses=ERROR_STATUSES)

@@ -13,7 +13,8 @@ import uuid
 from typing import Any
 
 from draftwise.server import answers
-from draftwise.server.responses_protocol import ResponsesRequest, namespaces, split_name
+from draftwise.server.responses_protocol import ResponsesRequest, split_name
+from draftwise.server.responses_translate import ResponsesReply, responses_reply
 from draftwise.server.serving import Finished, Piece
 from draftwise.server.tools import ChatTools
 from draftwise.tools import StreamEvent
@@ -69,21 +70,27 @@ class ResponseAnswer:
     """One /v1/responses answer: the response object, or its events as the job's events come."""
 
     def __init__(
-        self, body: ResponsesRequest, model_name: str, tools: ChatTools | None, previous_response_id: str | None
+        self,
+        reply: ResponsesReply | ResponsesRequest,
+        model_name: str,
+        tools: ChatTools | None,
+        previous_response_id: str | None,
     ) -> None:
-        self.body, self.model_name, self.tools = body, model_name, tools
+        """reply: how the request is answered (responses_translate.translate's; a body given in
+        its place is read as that would read it)."""
+        self.reply = reply if isinstance(reply, ResponsesReply) else responses_reply(reply)
+        self.model_name, self.tools = model_name, tools
         self.id, self.created_at = new_id("resp"), int(time.time())
         self.previous_response_id = previous_response_id
         self.sequence = 0
         self.output: list[dict[str, Any]] = []  # the items streamed so far
         self.text: dict[int, str] = {}  # streamed text per message item (by output index)
         self.open: int | None = None  # the output index of the item being streamed
-        self.namespaces = namespaces(body.tools)
+        self.namespaces = self.reply.namespaces
 
     # ------------------------------------------------------------------ objects
     def response(self, status: str, output: list[dict], done: Finished | None = None) -> dict[str, Any]:
-        body = self.body
-        fmt = body.text.format.model_dump(by_alias=True, exclude_none=True) if body.text and body.text.format else None
+        reply = self.reply
         out = {
             "id": self.id,
             "object": "response",
@@ -92,23 +99,23 @@ class ResponseAnswer:
             "background": False,
             "error": None,
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
-            "instructions": body.instructions,
-            "max_output_tokens": body.max_output_tokens,
+            "instructions": reply.instructions,
+            "max_output_tokens": reply.max_output_tokens,
             "model": self.model_name,
             "output": output,
-            "parallel_tool_calls": True if body.parallel_tool_calls is None else body.parallel_tool_calls,
+            "parallel_tool_calls": reply.parallel_tool_calls,
             "previous_response_id": self.previous_response_id,
             "reasoning": {"effort": None, "summary": None},
-            "store": body.store is not False,
-            "temperature": 1.0 if body.temperature is None else body.temperature,
-            "text": {"format": fmt or {"type": "text"}},
-            "tool_choice": body.tool_choice or "auto",
-            "tools": body.tools or [],
-            "top_p": 1.0 if body.top_p is None else body.top_p,
-            "truncation": body.truncation or "disabled",
+            "store": reply.store,
+            "temperature": reply.temperature,
+            "text": {"format": reply.text_format},
+            "tool_choice": reply.tool_choice,
+            "tools": reply.tools,
+            "top_p": reply.top_p,
+            "truncation": reply.truncation,
             "usage": response_usage(done) if done is not None else None,
-            "metadata": body.metadata or {},
-            "user": body.user,
+            "metadata": reply.metadata,
+            "user": reply.user,
         }
         if done is not None:
             out["completed_at"] = int(time.time())

@@ -10,19 +10,18 @@ input, so the cache holds the prefix the follow-up shares.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 
 from draftwise.server import responses_translate as t
-from draftwise.server import translate
 from draftwise.server.errors import APIError
-from draftwise.server.openai_routes import submit
+from draftwise.server.openai_routes import capacity, submit
 from draftwise.server.responses_answers import ResponseAnswer
 from draftwise.server.responses_protocol import ErrorResponse, ResponsesRequest, ResponseStore, Stored
 from draftwise.server.state import State, Tenant
 from draftwise.server.streams import responses_reply
-from draftwise.server.tools import chat_tools
 
 _ERRORS = {status: {"model": ErrorResponse} for status in (400, 401, 403, 404, 408, 413, 415, 500, 503)}
 _STREAM_RESPONSE = {
@@ -53,39 +52,23 @@ def _not_found(response_id: str, param: str = "response_id") -> APIError:
 @router.post("/v1/responses", tags=["openai"], responses={200: _STREAM_RESPONSE, **_ERRORS})
 async def create_response(body: ResponsesRequest, request: Request, state: State, tenant: Tenant, store: Store):
     t.refuse_unsupported(body)
-    conversation: list[dict[str, Any]] = []
+    previous = None
     if body.previous_response_id is not None:
         previous = store.get(tenant, body.previous_response_id)
         if previous is None:
             raise _not_found(body.previous_response_id, "previous_response_id")
-        conversation = list(previous.conversation)
-    conversation += t.input_messages(body.input)
-    chat = t.chat_request(body, conversation)
-    engine = state.engine
+    served = (state.model_name, state.names)
+    prepared = await asyncio.to_thread(t.translate, state.engine, body, previous, served, capacity(state))
+    reply = prepared.reply
     with t.in_responses_terms():
-        translate.check_model(chat, state.model_name, state.names)
-        tools, messages = chat_tools(chat, engine.tokenizer, translate.chat_messages(chat))
-
-        def prepare(_item: None) -> translate.EngineRequest:
-            return translate.openai_request(engine, chat, None, messages, chat.max_completion_tokens, None, tools)
-
-        [job] = await submit(state, chat, tenant, "responses", "resp", [None], prepare, param="input")
-    answer = ResponseAnswer(body, state.model_name, tools, body.previous_response_id)
+        [job] = await submit(state, prepared, tenant, "responses", "resp")
+    answer = ResponseAnswer(reply, state.model_name, prepared.tools, reply.previous_response_id)
 
     def keep(final: dict[str, Any]) -> None:
-        if body.store is not False:
-            store.put(tenant, Stored(final, (*conversation, *t.output_messages(final))))
+        if reply.store:
+            store.put(tenant, Stored(final, (*reply.conversation, *t.output_messages(final))))
 
-    constraint_param = "tools" if tools else "text.format"
-    return await responses_reply(
-        job,
-        request,
-        answer,
-        stream=bool(body.stream),
-        constraint_param=constraint_param,
-        metrics=state.metrics,
-        keep=keep,
-    )
+    return await responses_reply(job, reply, request, answer, metrics=state.metrics, keep=keep)
 
 
 @router.get("/v1/responses/{response_id}", tags=["openai"], responses=_ERRORS)

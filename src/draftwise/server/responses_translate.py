@@ -2,8 +2,9 @@
 translators: `input` (text or items: messages, function_call, function_call_output) and
 `instructions` as chat messages, flat function tools as chat tools, `text.format` as
 response_format, max_output_tokens as max_completion_tokens. The chat request then takes the
-chat route's own path to the engine (translate.openai_request, tools.chat_tools), so a greedy
-answer here equals /v1/chat/completions' token for token, constraints and tool calls included.
+chat route's own path to the engine (translate.chat), so a greedy answer here equals
+/v1/chat/completions' token for token, constraints and tool calls included; `translate` does it
+all once per request, with the ResponsesReply the answer reads.
 
 Every refusal is an APIError (400 naming the field): built-in tools, reasoning effort, background
 mode, images and files, and the other fields the engine cannot serve.
@@ -11,20 +12,93 @@ mode, images and files, and the other fields the engine cannot serve.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from pydantic import ValidationError
 
+from draftwise.engine import Engine
 from draftwise.server import protocol as p
+from draftwise.server import translate as chat_translate
 from draftwise.server.errors import APIError
-from draftwise.server.responses_protocol import ResponsesRequest, qualified
+from draftwise.server.prepared import Prepared
+from draftwise.server.responses_protocol import ResponsesRequest, Stored, namespaces, qualified
 
 # Content part types read as text, by the role whose message carries them.
 _TEXT_PARTS = ("input_text", "output_text", "text")
+
+
+@dataclasses.dataclass(frozen=True)
+class ResponsesReply(chat_translate.OpenAIReply):
+    """How a /v1/responses request is answered: as the one chat choice it means, with the settings
+    the response object repeats (at OpenAI's defaults where the request has none), whether it is
+    stored, and the conversation it continues (what the store keeps with it: the turns before
+    this answer)."""
+
+    store: bool = True
+    previous_response_id: str | None = None
+    conversation: tuple[dict[str, Any], ...] = ()
+    namespaces: frozenset[str] = frozenset()  # namespace tools: their calls name them apart
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    parallel_tool_calls: bool = True
+    temperature: float = 1.0
+    text_format: dict[str, Any] = dataclasses.field(default_factory=lambda: {"type": "text"})
+    tool_choice: str | dict[str, Any] = "auto"
+    tools: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    top_p: float = 1.0
+    truncation: str = "disabled"
+    metadata: dict[str, str] = dataclasses.field(default_factory=dict)
+    user: str | None = None
+
+
+def translate(
+    engine: Engine,
+    body: ResponsesRequest,
+    previous: Stored | None,
+    served: tuple[str, Sequence[str]],
+    capacity: int,
+) -> Prepared[ResponsesReply]:
+    """A /v1/responses request (refuse_unsupported passed; previous: the stored response it
+    continues), translated once: the chat request it means, through translate.chat (the engine's
+    request and tools), and its reply. It tokenises: routes run it in a worker thread."""
+    conversation = [*(previous.conversation if previous else ()), *input_messages(body.input)]
+    chat = chat_request(body, conversation)
+    with in_responses_terms():
+        prepared = chat_translate.chat(engine, chat, served, capacity, prompt_param="input")
+    reply = responses_reply(body, tools=prepared.tools is not None, conversation=tuple(conversation))
+    return Prepared(prepared.requests, reply, prepared.tools)
+
+
+def responses_reply(
+    body: ResponsesRequest, *, tools: bool = False, conversation: tuple[dict[str, Any], ...] = ()
+) -> ResponsesReply:
+    """The reply of a request; tools: it decodes under tools (else its constraint is text.format)."""
+    fmt = body.text.format.model_dump(by_alias=True, exclude_none=True) if body.text and body.text.format else None
+    return ResponsesReply(
+        stream=bool(body.stream),
+        constraint_param="tools" if tools else "text.format",
+        prompt_param="input",
+        store=body.store is not False,
+        previous_response_id=body.previous_response_id,
+        conversation=conversation,
+        namespaces=namespaces(body.tools),
+        instructions=body.instructions,
+        max_output_tokens=body.max_output_tokens,
+        parallel_tool_calls=True if body.parallel_tool_calls is None else body.parallel_tool_calls,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        text_format=fmt or {"type": "text"},
+        tool_choice=body.tool_choice or "auto",
+        tools=body.tools or [],
+        top_p=1.0 if body.top_p is None else body.top_p,
+        truncation=body.truncation or "disabled",
+        metadata=body.metadata or {},
+        user=body.user,
+    )
 
 
 def _refuse(param: str, message: str) -> APIError:

@@ -20,10 +20,11 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from draftwise.server import answers, anthropic_answers, choices, ollama_answers, responses_answers
-from draftwise.server import protocol as p
 from draftwise.server.errors import APIError
 from draftwise.server.metrics import ServerMetrics
+from draftwise.server.prepared import Reply
 from draftwise.server.serving import Finished, Job, JobFailed, Piece
+from draftwise.server.translate import OpenAIReply
 
 DISCONNECT_POLL_S = 0.25
 
@@ -83,20 +84,15 @@ def sse_response(events: AsyncIterator[str]) -> StreamingResponse:
 
 
 async def openai_reply(
-    jobs: list[Job],
-    body: p._GenerationRequest,
-    request: Request,
-    answer: answers.OpenAIAnswer,
-    *,
-    constraint_param: str,
-    metrics: ServerMetrics,
+    jobs: list[Job], reply: OpenAIReply, request: Request, answer: answers.OpenAIAnswer, *, metrics: ServerMetrics
 ):
     """The choices' answers as one JSON reply, or their chunks as server-sent events (each
     chunk names its choice's index; usage, when asked, sums the choices at the end)."""
-    if not body.stream:
+    constraint_param = reply.constraint_param
+    if not reply.stream:
         done = await asyncio.gather(*(collect(job, request, constraint_param) for job in jobs))
         return answer.whole(list(done))
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    include_usage = reply.include_usage
 
     async def events() -> AsyncIterator[str]:
         for opening in answer.openings():
@@ -109,7 +105,7 @@ async def openai_reply(
                 finished[i] = event
                 yield answer.final_chunk(i, event)
                 if include_usage and len(finished) == len(jobs):
-                    yield answer.usage_chunk(answers.usage([finished[k] for k in sorted(finished)], body.n or 1))
+                    yield answer.usage_chunk(answers.usage([finished[k] for k in sorted(finished)], reply.n))
             else:
                 error = answers.failure(event, constraint_param)
                 metrics.observe_error(error.status, error.type)
@@ -196,18 +192,18 @@ async def messages_reply(
 
 async def responses_reply(
     job: Job,
+    reply: Reply,
     request: Request,
     answer: responses_answers.ResponseAnswer,
     *,
-    stream: bool,
-    constraint_param: str,
     metrics: ServerMetrics,
     keep: Callable[[dict], None],
 ):
     """The response object, or its server-sent events (response.created ... response.completed);
     `keep` takes the finished object (the route stores it). A failure after the stream began is an
     error event and response.failed."""
-    if not stream:
+    constraint_param = reply.constraint_param
+    if not reply.stream:
         final = answer.whole(await collect(job, request, constraint_param))
         keep(final)
         return JSONResponse(final)

@@ -11,7 +11,8 @@ the engine cannot take; it may tokenise, so routes run it in a worker thread.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from draftwise.constraints import Constraint, llguidance_tokenizer
@@ -21,30 +22,26 @@ from draftwise.fim import FimBudget, FimTokens, FimUnsupportedError, fim_prompt
 from draftwise.server import choices
 from draftwise.server import names as model_names
 from draftwise.server import protocol as p
-from draftwise.server.errors import APIError
+from draftwise.server.errors import APIError, openai_refusal
 from draftwise.server.llama_protocol import DEFAULT_SAMPLERS, InfillRequest
-from draftwise.server.tools import ChatTools, message_fields
+from draftwise.server.prepared import EngineRequest, Prepared, Reply
+from draftwise.server.tools import ChatTools, chat_tools, message_fields
 from draftwise.types import SamplingParams, SpeculationConfig
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions endpoint
 
 
 @dataclasses.dataclass(frozen=True)
-class EngineRequest:
-    """A request as the engine takes it (Serving.submit's arguments after the job)."""
+class OpenAIReply(Reply):
+    """How a /v1/chat/completions or /v1/completions request (or the Responses request that means
+    a chat one) is answered; prompt_param: the field a refused prompt names."""
 
-    prompt_ids: list[int]
-    sampling: SamplingParams
-    speculation: SpeculationConfig | None = None
-    drafters: list[str] | None = None
-    prediction: str | None = None
-    token_sources: bool = False  # the request asks where each token came from
-
-    def choice(self, copy: int, *, ranked: bool = False) -> EngineRequest:
-        """The request of choice `copy` (its own seed, see choices.choice_seed); ranked: its
-        logprobs are kept, as completions' best_of ranks candidates by them."""
-        sampling = dataclasses.replace(self.sampling, seed=choices.choice_seed(self.sampling.seed, copy))
-        if ranked and sampling.logprobs is None:
-            sampling = dataclasses.replace(sampling, logprobs=0)
-        return dataclasses.replace(self, sampling=sampling)
+    include_usage: bool = False  # a streamed answer ends with a usage chunk
+    n: int = 1  # choices per prompt
+    best_of: int = 1  # jobs per prompt (n where the request has no best_of), the n best answered
+    echo: bool = False  # completions: the prompt first
+    logprobs: int | None = None  # alternatives per token shown (0: the token's own); None: no logprobs
+    prompt_param: str = "messages"
 
 
 # ---------------------------------------------------------------------- OpenAI: chat and completions
@@ -61,6 +58,94 @@ def check_model(body: p._GenerationRequest, model_name: str, names: Sequence[str
     field = body.unsupported()
     if field is not None:
         raise APIError(400, f"{field} is not supported by this server", param=field, code="unsupported_parameter")
+
+
+def chat(
+    engine: Engine,
+    body: p.ChatCompletionRequest,
+    served: tuple[str, Sequence[str]],
+    capacity: int,
+    *,
+    prompt_param: str = "messages",
+) -> Prepared[OpenAIReply]:
+    """A /v1/chat/completions request, translated once: its messages and tools, its prompt, its
+    reply. served: the model's name and its other names (check_model); capacity: the choices the
+    server can hold at once. It tokenises, so routes run it in a worker thread; a library error
+    is the APIError of errors.openai_refusal (prompt_param: the field a refused prompt names)."""
+    reply = _openai_reply(body, prompt_param, body.n or 1)
+    with refusals(reply):
+        tools, messages = chat_tools(body, engine.tokenizer, chat_messages(body))
+        check_model(body, *served)
+        _check_capacity(1, reply.best_of, capacity)
+        max_tokens = body.max_completion_tokens or body.max_tokens
+        request = openai_request(engine, body, None, messages, max_tokens, None, tools)
+    return Prepared((request,), reply, tools)
+
+
+def completions(
+    engine: Engine, body: p.CompletionRequest, served: tuple[str, Sequence[str]], capacity: int
+) -> Prepared[OpenAIReply]:
+    """A /v1/completions request, translated once: one engine request per prompt (each asked
+    best_of times, the n best answered), and its reply; as `chat` does."""
+    n, best_of = body.n or 1, body.best_of or body.n or 1
+    if best_of < n:
+        raise APIError(400, f"best_of ({best_of}) must be at least n ({n})", param="best_of", code="invalid_value")
+    if best_of > n and body.stream:
+        why = "best_of > n cannot be streamed (the best are known at the end)"
+        raise APIError(400, why, param="best_of", code="invalid_value")
+    reply = _openai_reply(body, "prompt", best_of)
+    with refusals(reply):
+        check_model(body, *served)
+        items = choices.prompts(body.prompt, engine.target.vocab_size)
+        _check_capacity(len(items), best_of, capacity)
+        requests = tuple(
+            openai_request(engine, body, item, None, body.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS) for item in items
+        )
+    return Prepared(requests, reply)
+
+
+def _openai_reply(body: p._GenerationRequest, prompt_param: str, best_of: int) -> OpenAIReply:
+    completion = isinstance(body, p.CompletionRequest)
+    if completion:
+        logprobs = body.logprobs
+    else:  # chat's logprobs: a flag, and top_logprobs the alternatives
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    return OpenAIReply(
+        stream=bool(body.stream),
+        constraint_param=constraint_param(body),
+        include_usage=bool(body.stream_options and body.stream_options.include_usage),
+        n=body.n or 1,
+        best_of=best_of,
+        echo=completion and bool(body.echo),
+        logprobs=logprobs,
+        prompt_param=prompt_param,
+    )
+
+
+@contextmanager
+def refusals(reply: OpenAIReply) -> Iterator[None]:
+    """A library error raised inside (while a request is translated or queued) as the APIError
+    of errors.openai_refusal; any other error as it is."""
+    try:
+        yield
+    except Exception as exc:
+        error = openai_refusal(exc, param=reply.prompt_param, constraint_param=reply.constraint_param)
+        if error is None:
+            raise
+        raise error from None
+
+
+def _check_capacity(num_prompts: int, per_prompt: int, capacity: int) -> None:
+    """More choices than the server can ever hold at once would meet a full queue (503) even on an
+    idle server: that request can never be served, so it is a 400 before anything is queued."""
+    if num_prompts * per_prompt > capacity:
+        raise APIError(
+            400,
+            f"the request asks for {num_prompts * per_prompt} choices ({num_prompts} prompt(s) x {per_prompt}); "
+            f"this server holds at most {capacity} at once (--max-queue plus its slots)",
+            param="n",
+            code="too_many_choices",
+        )
 
 
 def openai_request(
