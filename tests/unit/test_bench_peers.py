@@ -147,9 +147,10 @@ def test_llama_server_command_selects_the_method(tmp_path):
     plain = peer_servers.llama_server_command(ServerSpec.peer("llama-server"), setup, 9000)
     assert "--spec-type" not in plain and "-md" not in plain
     assert plain[plain.index("-t") + 1] == "2" and plain[plain.index("-m") + 1] == "t.gguf"
-    draft = peer_servers.llama_server_command(ServerSpec.peer("llama-server:draft-simple --draft-max 8"), setup, 9000)
+    spec = ServerSpec.peer("llama-server:draft-simple --spec-draft-n-max 8")
+    draft = peer_servers.llama_server_command(spec, setup, 9000)
     assert draft[draft.index("--spec-type") + 1] == "draft-simple" and draft[draft.index("-md") + 1] == "d.gguf"
-    assert draft[-2:] == ["--draft-max", "8"]
+    assert draft[-2:] == ["--spec-draft-n-max", "8"]
     with pytest.raises(ConfigError, match="build_llama_server.sh"):
         peer_servers.llama_server_command(ServerSpec.peer("llama-server"), PeerSetup("t.gguf", 2, 4096), 9000)
 

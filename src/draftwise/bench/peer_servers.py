@@ -106,7 +106,7 @@ def llama_server_command(spec: ServerSpec, setup: PeerSetup, port: int) -> list[
     if method == "draft-simple":
         if not setup.draft_model:
             raise ConfigError(f"peer {spec.name}: draft-simple needs a draft model (--draft-model)")
-        command += ["-md", setup.draft_model, "-td", str(setup.threads), "-cd", str(setup.n_ctx)]
+        command += ["-md", setup.draft_model, "-td", str(setup.threads)]
     return command + list(extra)
 
 
