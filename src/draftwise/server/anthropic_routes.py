@@ -23,6 +23,7 @@ from draftwise.server.errors import MODEL_UNAVAILABLE, openai_refusal, rewrite_e
 from draftwise.server.serving import Job
 from draftwise.server.state import State, Tenant
 from draftwise.server.streams import messages_reply
+from draftwise.server.translate import refusals
 
 _ERRORS = {status: {"model": m.ErrorResponse} for status in (400, 401, 403, 404, 413, 415, 500, 503, 529)}
 _STREAM_RESPONSE = {
@@ -36,22 +37,13 @@ router = APIRouter()
 @router.post("/v1/messages", tags=["anthropic"], responses={200: _STREAM_RESPONSE, **_ERRORS})
 async def messages(body: m.MessagesRequest, request: Request, state: State, tenant: Tenant):
     engine = state.engine
-    t.check_model(body.model, state.model_name, state.names)
-    t.refuse_unsupported(body)
-    tools, chat = t.chat_tools(body, engine.tokenizer, t.chat_messages(body))
-    try:
-        prepared = await asyncio.to_thread(t.messages_request, engine, body, chat, tools)
-        job = Job(f"msg_{uuid.uuid4().hex[:24]}", "messages", prepared.prompt_ids, tenant=tenant)
-        await asyncio.to_thread(state.serving.submit, job, prepared.sampling, prepared.speculation, prepared.drafters)
-    except Exception as exc:
-        error = openai_refusal(exc, param="messages", constraint_param=t.constraint_param(tools))
-        if error is None:
-            raise
-        raise error from None
-    answer = a.MessagesAnswer(job, state.model_name, engine.tokenizer, tools, prepared.sampling.stop)
-    return await messages_reply(
-        job, request, answer, stream=body.stream, metrics=state.metrics, constraint_param=t.constraint_param(tools)
-    )
+    prepared = await asyncio.to_thread(t.translate, engine, body, (state.model_name, state.names))
+    [one], reply = prepared.requests, prepared.reply
+    with refusals("messages", reply.constraint_param):
+        job = Job(f"msg_{uuid.uuid4().hex[:24]}", "messages", one.prompt_ids, tenant=tenant)
+        await asyncio.to_thread(state.serving.submit, job, one.sampling, one.speculation, one.drafters)
+    answer = a.MessagesAnswer(job, state.model_name, engine.tokenizer, prepared.tools, reply.stop)
+    return await messages_reply(job, reply, request, answer, metrics=state.metrics)
 
 
 @router.post("/v1/messages/count_tokens", response_model=m.TokenCount, tags=["anthropic"], responses=_ERRORS)

@@ -1,8 +1,9 @@
-"""Anthropic's Messages requests -> the engine's request (translate.EngineRequest), beside
+"""Anthropic's Messages requests -> the engine's request (prepared.EngineRequest), beside
 translate.py's OpenAI translator: `system` and the content blocks as the OpenAI-shaped messages
 chat templates read (tool_use -> an assistant's tool_calls, tool_result -> a tool message),
 `tools` / `tool_choice` as the same tool plan /v1/chat/completions decodes under (tools.py),
-and max_tokens, temperature, top_p, top_k and stop_sequences as SamplingParams.
+and max_tokens, temperature, top_p, top_k and stop_sequences as SamplingParams; `translate`
+does it once per request, with the MessagesReply the answer reads.
 
 Every refusal is an APIError whose param names the field; anthropic_routes words it as
 Anthropic's error.
@@ -10,6 +11,7 @@ Anthropic's error.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -19,8 +21,9 @@ from draftwise.engine import Engine
 from draftwise.server import names as model_names
 from draftwise.server.anthropic_protocol import Block, CountTokensRequest, MessagesRequest
 from draftwise.server.errors import APIError
+from draftwise.server.prepared import EngineRequest, Prepared, Reply
 from draftwise.server.tools import ChatTools, enforceable
-from draftwise.server.translate import EngineRequest, speculation
+from draftwise.server.translate import refusals, speculation
 from draftwise.tools import parse_tool_choice, parse_tools, template_messages, tool_plan
 from draftwise.tools.spec import ToolSpecError
 from draftwise.types import SamplingParams
@@ -193,6 +196,28 @@ def _openai_choice(choice) -> Any:
     if not choice.name:
         raise ToolSpecError('tool_choice of type "tool" needs a name', "tool_choice.name")
     return {"type": "function", "function": {"name": choice.name}}
+
+
+@dataclasses.dataclass(frozen=True)
+class MessagesReply(Reply):
+    """How a /v1/messages request is answered: its stop sequences (stop_reason names the one that
+    ended the answer)."""
+
+    stop: tuple[str, ...] = ()
+
+
+def translate(engine: Engine, body: MessagesRequest, served: tuple[str, Sequence[str]]) -> Prepared[MessagesReply]:
+    """A /v1/messages request, translated once: its messages and tools, the engine's request and
+    the reply. It tokenises: routes run it in a worker thread; a library error is the APIError of
+    errors.openai_refusal."""
+    check_model(body.model, *served)
+    refuse_unsupported(body)
+    tools, chat = chat_tools(body, engine.tokenizer, chat_messages(body))
+    constraint = constraint_param(tools)
+    with refusals("messages", constraint):
+        request = messages_request(engine, body, chat, tools)
+    reply = MessagesReply(stream=body.stream, constraint_param=constraint, stop=request.sampling.stop)
+    return Prepared((request,), reply, tools)
 
 
 def prompt_ids(engine: Engine, messages: list[dict], tools: ChatTools | None) -> list[int]:

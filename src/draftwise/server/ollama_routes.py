@@ -15,22 +15,23 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from draftwise.constraints import Constraint
 from draftwise.models import REGISTRY
 from draftwise.server import names, pool_answers
 from draftwise.server import ollama_answers as a
 from draftwise.server import ollama_protocol as o
 from draftwise.server import ollama_translate as t
-from draftwise.server.errors import APIError, openai_refusal, rewrite_errors
-from draftwise.server.keep_alive import keep_alive_seconds
+from draftwise.server.errors import APIError, rewrite_errors
+from draftwise.server.ollama_translate import OllamaReply
+from draftwise.server.prepared import Prepared
 from draftwise.server.serving import Job
 from draftwise.server.state import Pool, State, Tenant, server_state
 from draftwise.server.streams import ndjson_response, ollama_reply
+from draftwise.server.translate import refusals
 
 _ERRORS = {status: {"model": o.ErrorResponse} for status in (400, 401, 403, 404, 413, 415, 500, 503)}
 _STREAM_RESPONSE = {
@@ -41,36 +42,15 @@ _STREAM_RESPONSE = {
 router = APIRouter()
 
 
-async def submit(
-    state: State,
-    body: o.ChatRequest | o.GenerateRequest,
-    tenant: int | None,
-    endpoint: str,
-    encode: Callable[[], list[int]],
-    constraint: Constraint | None,
-) -> Job:
-    """Translate (in a worker thread: it tokenises) and queue the request as one Job; library
-    errors become the 4xx APIErrors of errors.openai_refusal, which OllamaErrors words as Ollama's."""
-    engine = state.engine
-    options = t.parse_options(body.options, engine.target.n_ctx)
-    param = "messages" if isinstance(body, o.ChatRequest) else "prompt"
-    constraint_param = t.constraint_param(body)
-    try:
-        prepared = await asyncio.to_thread(t.ollama_request, engine, body, encode, options, constraint)
-        job = Job(f"ollama-{uuid.uuid4().hex[:24]}", endpoint, prepared.prompt_ids, tenant=tenant)
+async def submit(state: State, prepared: Prepared[OllamaReply], tenant: int | None, endpoint: str) -> Job:
+    """Queue a translated request as one Job; library errors become the 4xx APIErrors of
+    errors.openai_refusal, which OllamaErrors words as Ollama's."""
+    [request], reply = prepared.requests, prepared.reply
+    with refusals(reply.prompt_param, reply.constraint_param):
+        job = Job(f"ollama-{uuid.uuid4().hex[:24]}", endpoint, request.prompt_ids, tenant=tenant)
         return await asyncio.to_thread(
-            state.serving.submit, job, prepared.sampling, prepared.speculation, prepared.drafters
+            state.serving.submit, job, request.sampling, request.speculation, request.drafters
         )
-    except Exception as exc:
-        error = openai_refusal(exc, param=param, constraint_param=constraint_param)
-        if error is None:
-            raise
-        raise error from None
-
-
-def _load_reason(body: o.ChatRequest | o.GenerateRequest) -> str:
-    """Ollama's done_reason for a request without a prompt: "unload" when keep_alive is 0."""
-    return "unload" if keep_alive_seconds(body.keep_alive) == 0 else "load"
 
 
 def unload_answer(path: str, data: object):
@@ -100,45 +80,26 @@ def _one(obj: dict, stream: bool):
 async def chat(body: o.ChatRequest, request: Request, state: State, tenant: Tenant):
     started = time.monotonic()
     engine = state.engine
-    t.check_model(body.model, state.model_name, state.names)
-    t.refuse_unsupported(body)
-    if not body.messages:  # Ollama's way to load (keep_alive 0: unload) a model
-        return _one(a.loaded(body.model, chat=True, reason=_load_reason(body)), body.streamed)
-    constraint = t.format_constraint(body.format)
-    tools, messages = t.chat_tools(body.tools, engine.tokenizer, t.chat_messages(body.messages), constraint is not None)
-    job = await submit(
-        state,
-        body,
-        tenant,
-        "ollama_chat",
-        lambda: engine.encode_prompt(None, messages, tools.rendered if tools else None),
-        tools.plan.constraint if tools else constraint,
-    )
-    answer = a.ChatAnswer(body.model, engine.tokenizer, started, tools)
-    return await ollama_reply(
-        job, request, answer, stream=body.streamed, metrics=state.metrics, constraint_param=t.constraint_param(body)
-    )
+    prepared = await asyncio.to_thread(t.chat, engine, body, (state.model_name, state.names))
+    reply = prepared.reply
+    if not prepared.requests:  # Ollama's way to load (keep_alive 0: unload) a model
+        return _one(a.loaded(reply.model, chat=True, reason=reply.load_reason), reply.stream)
+    job = await submit(state, prepared, tenant, "ollama_chat")
+    answer = a.ChatAnswer(reply.model, engine.tokenizer, started, prepared.tools)
+    return await ollama_reply(job, reply, request, answer, metrics=state.metrics)
 
 
 @router.post("/api/generate", tags=["ollama"], responses={200: _STREAM_RESPONSE, **_ERRORS})
 async def generate(body: o.GenerateRequest, request: Request, state: State, tenant: Tenant):
     started = time.monotonic()
     engine = state.engine
-    t.check_model(body.model, state.model_name, state.names)
-    t.refuse_unsupported(body)
-    prompt, suffix = body.prompt or "", body.suffix or ""
-    if not prompt and not suffix:  # Ollama's way to load (keep_alive 0: unload) a model
-        return _one(a.loaded(body.model, chat=False, reason=_load_reason(body)), body.streamed)
-    if suffix:  # fill in the middle: the prompt is the text before the gap
-        encode = lambda: t.fim_ids(engine.tokenizer, prompt, suffix)  # noqa: E731
-    elif body.raw:  # the prompt verbatim
-        encode = lambda: engine.encode_prompt(prompt)  # noqa: E731
-    else:
-        messages = t.generate_messages(body)
-        encode = lambda: engine.encode_prompt(None, messages)  # noqa: E731
-    job = await submit(state, body, tenant, "ollama_generate", encode, t.format_constraint(body.format))
-    answer = a.GenerateAnswer(body.model, engine.tokenizer, started)
-    return await ollama_reply(job, request, answer, stream=body.streamed, metrics=state.metrics)
+    prepared = await asyncio.to_thread(t.generate, engine, body, (state.model_name, state.names))
+    reply = prepared.reply
+    if not prepared.requests:  # Ollama's way to load (keep_alive 0: unload) a model
+        return _one(a.loaded(reply.model, chat=False, reason=reply.load_reason), reply.stream)
+    job = await submit(state, prepared, tenant, "ollama_generate")
+    answer = a.GenerateAnswer(reply.model, engine.tokenizer, started)
+    return await ollama_reply(job, reply, request, answer, metrics=state.metrics)
 
 
 @router.get("/api/tags", tags=["ollama"], responses=_ERRORS)

@@ -22,30 +22,96 @@ from draftwise.fim import FimUnsupportedError, fim_prompt
 from draftwise.server import names as model_names
 from draftwise.server.errors import APIError
 from draftwise.server.fields import FINITE_RULE, INT64_RULE, int64
+from draftwise.server.keep_alive import keep_alive_seconds
 from draftwise.server.ollama_protocol import ChatRequest, GenerateRequest, Message, tagged
+from draftwise.server.prepared import EngineRequest, Prepared, Reply
 from draftwise.server.tools import ChatTools, enforceable
-from draftwise.server.translate import EngineRequest, speculation
+from draftwise.server.translate import refusals, speculation
 from draftwise.tools import ToolChoice, parse_tools, template_messages, tool_plan
 from draftwise.tools.spec import ToolSpecError
 from draftwise.types import SamplingParams
+
+
+@dataclasses.dataclass(frozen=True)
+class OllamaReply(Reply):
+    """How an /api/chat or /api/generate request is answered: the model name its chunks repeat
+    (as the client sent it), and for a request without a prompt (Ollama's way to load a model)
+    the done_reason of its one object ("unload" when keep_alive is 0); prompt_param: the field a
+    refused prompt names."""
+
+    model: str = ""
+    load_reason: str = "load"
+    prompt_param: str = "messages"
+
+
+def chat(engine: Engine, body: ChatRequest, served: tuple[str, Sequence[str]]) -> Prepared[OllamaReply]:
+    """An /api/chat request, translated once: its prompt (messages and tools through the chat
+    template), sampling and reply; no engine request for a load (no messages). It tokenises:
+    routes run it in a worker thread."""
+    reply = _reply(body, served)
+    if not body.messages:
+        return Prepared((), reply)
+    constraint = format_constraint(body.format)
+    tools, messages = chat_tools(body.tools, engine.tokenizer, chat_messages(body.messages), constraint is not None)
+    request = ollama_request(
+        engine,
+        body,
+        lambda: engine.encode_prompt(None, messages, tools.rendered if tools else None),
+        tools.plan.constraint if tools else constraint,
+        reply,
+    )
+    return Prepared((request,), reply, tools)
+
+
+def generate(engine: Engine, body: GenerateRequest, served: tuple[str, Sequence[str]]) -> Prepared[OllamaReply]:
+    """An /api/generate request, translated once (as `chat`): the prompt through the chat template,
+    verbatim (raw), or as fill in the middle (suffix); no engine request for a load (no prompt)."""
+    reply = _reply(body, served)
+    prompt, suffix = body.prompt or "", body.suffix or ""
+    if not prompt and not suffix:
+        return Prepared((), reply)
+    if suffix:  # fill in the middle: the prompt is the text before the gap
+        encode = lambda: fim_ids(engine.tokenizer, prompt, suffix)  # noqa: E731
+    elif body.raw:  # the prompt verbatim
+        encode = lambda: engine.encode_prompt(prompt)  # noqa: E731
+    else:
+        messages = generate_messages(body)
+        encode = lambda: engine.encode_prompt(None, messages)  # noqa: E731
+    return Prepared((ollama_request(engine, body, encode, format_constraint(body.format), reply),), reply)
+
+
+def _reply(body: ChatRequest | GenerateRequest, served: tuple[str, Sequence[str]]) -> OllamaReply:
+    """The model checked, the fields this server cannot honour refused, then the reply."""
+    check_model(body.model, *served)
+    refuse_unsupported(body)
+    return OllamaReply(
+        stream=body.streamed,
+        constraint_param=constraint_param(body),
+        model=body.model,
+        load_reason="unload" if keep_alive_seconds(body.keep_alive) == 0 else "load",
+        prompt_param="messages" if isinstance(body, ChatRequest) else "prompt",
+    )
 
 
 def ollama_request(
     engine: Engine,
     body: ChatRequest | GenerateRequest,
     encode: Callable[[], list[int]],
-    options: Options,
     constraint: Constraint | None,
+    reply: OllamaReply,
 ) -> EngineRequest:
     """A chat or generate request as the engine's request: the prompt ids `encode` gives, an answer
-    sized by num_predict within the context, the options' sampling under `constraint`."""
-    logprobs = logprobs_asked(body)
-    prompt_ids = encode()
-    if constraint is not None:  # the model's tokenizer adapter, built once
-        llguidance_tokenizer(engine.target)
-    limit = answer_budget(options, len(prompt_ids), engine.target.n_ctx)
-    config, drafters = speculation(body.speculation, engine.speculation)
-    return EngineRequest(prompt_ids, sampling(options, limit, constraint, logprobs), config, drafters)
+    sized by num_predict within the context, the options' sampling under `constraint`; a library
+    error is the APIError of errors.openai_refusal, naming the reply's prompt or constraint field."""
+    options = parse_options(body.options, engine.target.n_ctx)
+    with refusals(reply.prompt_param, reply.constraint_param):
+        logprobs = logprobs_asked(body)
+        prompt_ids = encode()
+        if constraint is not None:  # the model's tokenizer adapter, built once
+            llguidance_tokenizer(engine.target)
+        limit = answer_budget(options, len(prompt_ids), engine.target.n_ctx)
+        config, drafters = speculation(body.speculation, engine.speculation)
+        return EngineRequest(prompt_ids, sampling(options, limit, constraint, logprobs), config, drafters)
 
 
 # Ollama's DefaultOptions (api/types.go) for the options that shape the answer.

@@ -43,7 +43,7 @@ async def submit(
     reply = prepared.reply
     job_id, jobs = f"{prefix}-{uuid.uuid4().hex[:24]}", []
     ranked = reply.best_of > reply.n
-    with translate.refusals(reply):
+    with translate.refusals(reply.prompt_param, reply.constraint_param):
         try:
             for request in prepared.requests:
                 for copy in range(reply.best_of):

@@ -122,18 +122,12 @@ def ndjson_response(lines: AsyncIterator[str]) -> StreamingResponse:
 
 
 async def ollama_reply(
-    job: Job,
-    request: Request,
-    answer: ollama_answers.OllamaAnswer,
-    *,
-    stream: bool,
-    metrics: ServerMetrics,
-    constraint_param: str = "format",
+    job: Job, reply: Reply, request: Request, answer: ollama_answers.OllamaAnswer, *, metrics: ServerMetrics
 ):
     """The answer as one JSON object, or its chunks as NDJSON lines; a failure after the stream
-    began is an {"error": ...} line, which Ollama's clients raise as their ResponseError.
-    constraint_param: the field a constraint that fails while decoding came from (format, tools)."""
-    if not stream:
+    began is an {"error": ...} line, which Ollama's clients raise as their ResponseError."""
+    constraint_param = reply.constraint_param
+    if not reply.stream:
         return JSONResponse(answer.whole(await collect(job, request, constraint_param)))
 
     async def lines() -> AsyncIterator[str]:
@@ -157,18 +151,12 @@ async def ollama_reply(
 
 
 async def messages_reply(
-    job: Job,
-    request: Request,
-    answer: anthropic_answers.MessagesAnswer,
-    *,
-    stream: bool,
-    metrics: ServerMetrics,
-    constraint_param: str = "tools",
+    job: Job, reply: Reply, request: Request, answer: anthropic_answers.MessagesAnswer, *, metrics: ServerMetrics
 ):
     """The answer as one message, or as Anthropic's events; a failure after the stream began is
-    an `error` event, which Anthropic's clients raise as their APIStatusError.
-    constraint_param: the field a constraint that fails while decoding came from (tools, output_config.format)."""
-    if not stream:
+    an `error` event, which Anthropic's clients raise as their APIStatusError."""
+    constraint_param = reply.constraint_param
+    if not reply.stream:
         return JSONResponse(answer.whole(await collect(job, request, constraint_param)))
 
     async def events() -> AsyncIterator[str]:

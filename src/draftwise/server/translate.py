@@ -73,7 +73,7 @@ def chat(
     server can hold at once. It tokenises, so routes run it in a worker thread; a library error
     is the APIError of errors.openai_refusal (prompt_param: the field a refused prompt names)."""
     reply = _openai_reply(body, prompt_param, body.n or 1)
-    with refusals(reply):
+    with refusals(reply.prompt_param, reply.constraint_param):
         tools, messages = chat_tools(body, engine.tokenizer, chat_messages(body))
         check_model(body, *served)
         _check_capacity(1, reply.best_of, capacity)
@@ -94,7 +94,7 @@ def completions(
         why = "best_of > n cannot be streamed (the best are known at the end)"
         raise APIError(400, why, param="best_of", code="invalid_value")
     reply = _openai_reply(body, "prompt", best_of)
-    with refusals(reply):
+    with refusals(reply.prompt_param, reply.constraint_param):
         check_model(body, *served)
         items = choices.prompts(body.prompt, engine.target.vocab_size)
         _check_capacity(len(items), best_of, capacity)
@@ -123,13 +123,14 @@ def _openai_reply(body: p._GenerationRequest, prompt_param: str, best_of: int) -
 
 
 @contextmanager
-def refusals(reply: OpenAIReply) -> Iterator[None]:
+def refusals(prompt_param: str, constraint_param: str | None) -> Iterator[None]:
     """A library error raised inside (while a request is translated or queued) as the APIError
-    of errors.openai_refusal; any other error as it is."""
+    of errors.openai_refusal, naming the request's prompt or constraint field; any other error
+    as it is."""
     try:
         yield
     except Exception as exc:
-        error = openai_refusal(exc, param=reply.prompt_param, constraint_param=reply.constraint_param)
+        error = openai_refusal(exc, param=prompt_param, constraint_param=constraint_param)
         if error is None:
             raise
         raise error from None
