@@ -17,10 +17,9 @@ from draftwise.errors import ConstraintError
 from draftwise.server import choices
 from draftwise.server import protocol as p
 from draftwise.server.errors import APIError
-from draftwise.server.llama_protocol import DEFAULT_SAMPLERS, InfillRequest
 from draftwise.server.serving import Finished, Job, JobCancelled, JobFailed, Piece
 from draftwise.server.tools import ChatTools, answer, deltas
-from draftwise.server.translate import OpenAIReply
+from draftwise.server.translate import InfillReply, OpenAIReply
 from draftwise.types import SamplingParams
 
 SUPERSEDED = "superseded by a newer request from the same client"
@@ -360,31 +359,24 @@ class InfillAnswer:
     text to stream; `partial` and `final` are llama.cpp's objects (the final one with stop: true)."""
 
     def __init__(
-        self,
-        body: InfillRequest,
-        jobs: list[Job],
-        sampling: SamplingParams,
-        *,
-        model_name: str,
-        n_ctx: int,
-        room: int,
+        self, reply: InfillReply, jobs: list[Job], sampling: SamplingParams, *, model_name: str, n_ctx: int
     ) -> None:
-        self.body, self.model_name, self.room = body, model_name, room
-        self.warmup = body.n_predict == 0
+        self.reply, self.model_name, self.room = reply, model_name, reply.room
+        self.warmup = reply.warmup
         self.prompt_ids = jobs[0].prompt_ids
         self.completions = [_Completion(job) for job in jobs]
         self.settings = {
             "n_ctx": n_ctx,
-            "n_predict": body.n_predict,
+            "n_predict": reply.n_predict,
             "model": model_name,
             "temperature": sampling.temperature,
             "top_k": sampling.top_k,
             "top_p": sampling.top_p,
             "min_p": sampling.min_p,
-            "n_indent": body.n_indent,
-            "t_max_predict_ms": body.t_max_predict_ms,
+            "n_indent": reply.n_indent,
+            "t_max_predict_ms": reply.t_max_predict_ms,
             "stop": list(sampling.stop),
-            "samplers": body.samplers or list(DEFAULT_SAMPLERS),
+            "samplers": reply.samplers,
         }
 
     def unfinished(self, reason: str) -> None:
@@ -416,16 +408,16 @@ class InfillAnswer:
 
     def _take(self, completion: _Completion, text: str) -> str:
         """Append a piece's text, cut where n_indent or t_max_predict_ms end the answer."""
-        body, now = self.body, time.monotonic()
+        reply, now = self.reply, time.monotonic()
         completion.first_piece_at = completion.first_piece_at or now
         before = len(completion.text)
         completion.text += text
-        cut = indent_cut(completion.text, body.n_indent)
+        cut = indent_cut(completion.text, reply.n_indent)
         newline = text.find("\n")
         if (
-            body.t_max_predict_ms
+            reply.t_max_predict_ms
             and newline >= 0
-            and 1000 * (now - completion.first_piece_at) > body.t_max_predict_ms
+            and 1000 * (now - completion.first_piece_at) > reply.t_max_predict_ms
             and (cut is None or before + newline + 1 < cut)
         ):
             cut = before + newline + 1  # llama.cpp: past the time limit, stop at a newline
@@ -448,7 +440,7 @@ class InfillAnswer:
 
     def final(self, index: int, content: str | None = None) -> dict:
         """Completion `index`'s last object; content None: its whole text (a warm-up has none)."""
-        body, completion = self.body, self.completions[index]
+        reply, completion = self.reply, self.completions[index]
         if content is None:
             content = "" if self.warmup else completion.text
         done = completion.finished
@@ -471,19 +463,19 @@ class InfillAnswer:
                 stats
                 and stats.finish_reason == "length"
                 and not self.warmup
-                and (body.n_predict < 0 or body.n_predict > self.room)
+                and (reply.n_predict < 0 or reply.n_predict > self.room)
             ),
             "stop_type": completion.stop_type,
             "stopping_word": "",
             "tokens_cached": (stats.num_reused_tokens if visible else 0) if stats else 0,
         }
-        if body.return_tokens and done is not None and not self.warmup:
+        if reply.return_tokens and done is not None and not self.warmup:
             out["tokens"] = done.result.token_ids
         if completion.superseded:
             out["superseded"] = True  # extension: a newer request from the same client cancelled this one
         if visible:
             out["timings"] = _timings(stats, 0 if self.warmup else stats.num_generated + stats.num_eos)
-        return out if body.response_fields is None else pick(out, body.response_fields)
+        return out if reply.response_fields is None else pick(out, reply.response_fields)
 
 
 def _stop_type(done: Finished) -> str:

@@ -21,8 +21,7 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from draftwise.fim import FimUnsupportedError
-from draftwise.server import choices
+from draftwise.server import choices, translate
 from draftwise.server import protocol as p
 from draftwise.server.answers import SUPERSEDED, InfillAnswer, indent_cut
 from draftwise.server.answers import pick as _pick
@@ -39,7 +38,7 @@ from draftwise.server.serving import Job
 from draftwise.server.state import State, Tenant
 from draftwise.server.streams import job_events, sse_response
 from draftwise.server.translate import infill_logit_bias as logit_bias
-from draftwise.server.translate import infill_request, infill_sampling
+from draftwise.server.translate import infill_sampling
 
 # The names this module has always offered (tests/unit/test_fim.py imports some of them).
 __all__ = [
@@ -58,32 +57,23 @@ __all__ = [
 ]
 
 router = APIRouter()
-_NO_FIM = (
-    "this model has no fill-in-the-middle tokens (prefix, suffix and middle); /infill needs a "
-    "FIM-trained model such as Qwen2.5-Coder"
-)
 
 
 @router.post("/infill", tags=["llama.cpp"], responses={s: {"model": p.ErrorResponse} for s in (400, 401, 503)})
 async def infill(body: InfillRequest, request: Request, state: State, tenant: Tenant):
-    field = body.unsupported()
-    if field is not None:
-        raise APIError(400, f"{field} is not supported by this server", param=field, code="unsupported_parameter")
-    if state.fim_tokens is None:
-        raise APIError(400, str(FimUnsupportedError(_NO_FIM)), code="fim_unsupported")
     engine, clients = state.engine, state.clients
     client = (tenant, request.client.host if request.client else None)
     jobs: list[Job] = []
     try:
-        prepared, room = await asyncio.to_thread(infill_request, engine, body, state.fim_tokens)
-        copies = 1 if body.n_predict == 0 else body.n_cmpl
+        prepared = await asyncio.to_thread(translate.infill, engine, body, state.fim_tokens)
+        [one], reply = prepared.requests, prepared.reply
         jobs = [
-            Job(f"infill-{uuid.uuid4().hex[:24]}", "infill", prepared.prompt_ids, tenant=tenant) for _ in range(copies)
+            Job(f"infill-{uuid.uuid4().hex[:24]}", "infill", one.prompt_ids, tenant=tenant) for _ in range(reply.copies)
         ]
         clients.supersede(client, jobs)
         for copy, job in enumerate(jobs):
-            one = prepared.choice(copy)
-            await asyncio.to_thread(state.serving.submit, job, one.sampling, one.speculation, one.drafters)
+            choice = one.choice(copy)
+            await asyncio.to_thread(state.serving.submit, job, choice.sampling, choice.speculation, choice.drafters)
     except Exception as exc:
         error = infill_refusal(exc)
         if error is None:
@@ -92,11 +82,9 @@ async def infill(body: InfillRequest, request: Request, state: State, tenant: Te
             job.cancel("a sibling completion was refused")
         clients.done(client, jobs)
         raise error from None
-    answer = InfillAnswer(
-        body, jobs, prepared.sampling, model_name=state.model_name, n_ctx=engine.target.n_ctx, room=room
-    )
+    answer = InfillAnswer(reply, jobs, one.sampling, model_name=state.model_name, n_ctx=engine.target.n_ctx)
     streams = [job_events(job, request) for job in jobs]
-    if body.stream:
+    if reply.stream:
         return sse_response(_stream(answer, streams, state, lambda: clients.done(client, jobs)))
     try:
         async for index, event in choices.merged(streams):

@@ -1,11 +1,13 @@
 """Each protocol's request -> the engine's request (`EngineRequest`: prompt ids, sampling, speculation).
 
-One translator per protocol, each a function of (engine, body, ...) -> EngineRequest:
-`openai_request` (/v1/chat/completions and /v1/completions: OpenAI's fields and draftwise's
-extensions) and `infill_request` (llama.cpp's /infill: its fields and sampler chain). Another
-API's translator (Ollama's /api/chat, OpenAI's Responses, Anthropic's Messages) sits beside
-them and shares `speculation`. A translator raises APIError (400, naming the field) for what
-the engine cannot take; it may tokenise, so routes run it in a worker thread.
+One translator per protocol, run once per request, each a function of (engine, body, ...) ->
+prepared.Prepared (the engine's request of each prompt and the reply the answer reads): `chat`
+and `completions` (/v1/chat/completions and /v1/completions: OpenAI's fields and draftwise's
+extensions, an OpenAIReply) and `infill` (llama.cpp's /infill: its fields and sampler chain, an
+InfillReply). Another API's translator (Ollama's /api/chat, OpenAI's Responses, Anthropic's
+Messages) sits beside them and shares `speculation` and `refusals`. A translator raises
+APIError (400, naming the field) for what the engine cannot take; it tokenises, so routes run it
+in a worker thread.
 """
 
 from __future__ import annotations
@@ -349,6 +351,57 @@ def speculation(
 
 
 # ---------------------------------------------------------------------- llama.cpp: /infill
+_NO_FIM = (
+    "this model has no fill-in-the-middle tokens (prefix, suffix and middle); /infill needs a "
+    "FIM-trained model such as Qwen2.5-Coder"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class InfillReply(Reply):
+    """How an /infill request is answered: its completions (n_cmpl; one for a warm-up, n_predict
+    0), the room the context leaves for each, llama.cpp's cuts (n_indent, t_max_predict_ms) and
+    what its answer objects carry."""
+
+    copies: int = 1
+    room: int = 0
+    n_predict: int = -1
+    n_indent: int = 0
+    t_max_predict_ms: int = 0
+    samplers: list[str] = dataclasses.field(default_factory=lambda: list(DEFAULT_SAMPLERS))
+    return_tokens: bool = False
+    response_fields: list[str] | None = None
+
+    @property
+    def warmup(self) -> bool:
+        """n_predict 0: one token, only to fill the cache; the answer has no text."""
+        return self.n_predict == 0
+
+
+def infill(engine: Engine, body: InfillRequest, tokens: FimTokens | None) -> Prepared[InfillReply]:
+    """An /infill request, translated once (tokens: the model's FIM tokens, None where it has
+    none): its fill-in-the-middle prompt and sampling, and its reply. It tokenises: routes run it
+    in a worker thread."""
+    field = body.unsupported()
+    if field is not None:
+        raise APIError(400, f"{field} is not supported by this server", param=field, code="unsupported_parameter")
+    if tokens is None:
+        raise APIError(400, str(FimUnsupportedError(_NO_FIM)), code="fim_unsupported")
+    request, room = infill_request(engine, body, tokens)
+    reply = InfillReply(
+        stream=body.stream,
+        copies=1 if body.n_predict == 0 else body.n_cmpl,
+        room=room,
+        n_predict=body.n_predict,
+        n_indent=body.n_indent,
+        t_max_predict_ms=body.t_max_predict_ms,
+        samplers=body.samplers or list(DEFAULT_SAMPLERS),
+        return_tokens=body.return_tokens,
+        response_fields=body.response_fields,
+    )
+    return Prepared((request,), reply)
+
+
 def infill_request(engine: Engine, body: InfillRequest, tokens: FimTokens) -> tuple[EngineRequest, int]:
     """An /infill request as the engine's request, and the room its context leaves for the answer.
     n_predict 0 (a warm-up): one token, drafting nothing, only to fill the cache."""
