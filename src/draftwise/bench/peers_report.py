@@ -125,7 +125,8 @@ def ratio_table(results: dict) -> str:
             text = _cell(cells[name], name == baseline, ranges)
             texts.append(f"**{text}**" if name == best and name != baseline and cells[name]["geomean"] > 1 else text)
         suite = suites[row["suite"]]
-        label = f"{row['suite']}, {suite['num_prompts']} prompts, {suite['max_tokens']} tokens"
+        num = suite["num_prompts"]
+        label = f"{row['suite']}, {num} prompt{'s' * (num != 1)}, {suite['max_tokens']} tokens"
         lines.append(f"| {label} | " + " | ".join(texts) + " |")
     return "\n".join(lines)
 
