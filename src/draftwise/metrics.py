@@ -60,7 +60,7 @@ class RequestStats:
     # `draftwise replay` prices the same steps on the calibrated curve beside these.
     step_times: list = field(default_factory=list)
     # Per step: (tokens committed, draft tokens verified, draft tokens accepted), in output order:
-    # acceptance over the output (bench.timing.acceptance_windows) comes from these.
+    # acceptance over the output (bench.record.timing.acceptance_windows) comes from these.
     step_tokens: list = field(default_factory=list)
     policy: dict = field(default_factory=dict)  # the policy's final estimates
     skipped_drafters: dict = field(default_factory=dict)  # drafter -> why it was not loaded

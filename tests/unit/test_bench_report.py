@@ -178,8 +178,8 @@ def test_competing_load_counts_other_processes_only():
     2 CPUs, so others took 0.5 / 2 = 25%; the report warns above 15% only."""
     from collections import namedtuple
 
+    from draftwise.bench.record.timing import CompetingLoad
     from draftwise.bench.report import render_markdown
-    from draftwise.bench.timing import CompetingLoad
 
     Cpu = namedtuple("Cpu", "user system")
     Own = namedtuple("Own", "user system children_user children_system")

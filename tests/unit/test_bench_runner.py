@@ -10,9 +10,9 @@ import pytest
 from draftwise.backends.toy import ToyBackend, ToyModel
 from draftwise.bench.methods import parse_method
 from draftwise.bench.prompts import Prompt
+from draftwise.bench.record.timing import WindowClock
 from draftwise.bench.report import render_markdown
 from draftwise.bench.runner import BenchConfig, BenchRunner, divergence, run_bench
-from draftwise.bench.timing import WindowClock
 from draftwise.drafters import ModelDrafter, NgramDrafter
 from draftwise.engine import Engine
 from draftwise.types import ConfigError, SamplingParams

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from draftwise.bench.timing import current_rss_mb, peak_rss_mb
+from draftwise.bench.record.timing import current_rss_mb, peak_rss_mb
 from draftwise.loading import Calibration
 from draftwise.types import ConfigError, SamplingParams, SpeculationConfig
 

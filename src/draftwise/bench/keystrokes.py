@@ -39,7 +39,7 @@ import httpx
 
 from draftwise.bench.load import LoadError, _error_message
 from draftwise.bench.prompts import Prompt
-from draftwise.bench.timing import host_info
+from draftwise.bench.record.timing import host_info
 
 FORMAT = "draftwise-bench-keystrokes/1"
 MODES = ("typing", "warm", "cold")

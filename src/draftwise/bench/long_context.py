@@ -18,7 +18,7 @@ from pathlib import Path
 
 from draftwise.bench.account import bucket
 from draftwise.bench.grouping import aggregate, markdown_table, variant_label, variant_order
-from draftwise.bench.timing import acceptance_windows, block_rates, step_windows
+from draftwise.bench.record.timing import acceptance_windows, block_rates, step_windows
 
 LONG_CONTEXT = 4096  # records reading this many prompt tokens or more make the section appear
 LONG_OUTPUT = 1024  # answers of this many tokens or more are shown in 512-token blocks

@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import httpx
 
 from draftwise.bench.load import WARMUP_TOKENS, LoadError, _error_message, describe_server
-from draftwise.bench.timing import CompetingLoad, host_info
+from draftwise.bench.record.timing import CompetingLoad, host_info
 from draftwise.types import ConfigError
 
 FORMAT = "draftwise-bench-peers/1"

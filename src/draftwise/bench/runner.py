@@ -24,9 +24,9 @@ from draftwise.bench.config import BenchConfig, Variant
 from draftwise.bench.engine_setup import LoadedBench, load_bench_engine
 from draftwise.bench.fim import fim_ids, quality
 from draftwise.bench.methods import parse_methods
-from draftwise.bench.progress import ProgressSink, RichProgress
 from draftwise.bench.prompts import Prompt, filler_for, pad_prompt
-from draftwise.bench.results import (
+from draftwise.bench.record.progress import ProgressSink, RichProgress
+from draftwise.bench.record.results import (
     FORMAT,
     check_same_run,
     compact_spans,
@@ -36,7 +36,7 @@ from draftwise.bench.results import (
     save_results,
     unit_key,
 )
-from draftwise.bench.timing import (
+from draftwise.bench.record.timing import (
     CompetingLoad,
     WindowClock,
     acceptance_windows,

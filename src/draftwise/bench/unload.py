@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
-from draftwise.bench.timing import current_rss_mb
+from draftwise.bench.record.timing import current_rss_mb
 from draftwise.server.pool import ModelPool, ModelSource
 from draftwise.types import SamplingParams
 
