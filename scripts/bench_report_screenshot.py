@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 
 from draftwise.backends.toy import DEFAULT_ALPHABET, CharTokenizer, ToyBackend
-from draftwise.bench.prompts import Prompt
 from draftwise.bench.report import write_report
 from draftwise.bench.runner import BenchConfig, run_bench
+from draftwise.bench.suites.prompts import Prompt
 from draftwise.drafters import NgramDrafter
 from draftwise.drafters.prediction import PredictionDrafter
 from draftwise.drafters.suffix import SuffixDrafter

@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from draftwise import models
-from draftwise.bench.prompts import load_suite
+from draftwise.bench.suites.prompts import load_suite
 from draftwise.loading import LoadOptions, load_engine
 from draftwise.types import SamplingParams, SpeculationConfig
 

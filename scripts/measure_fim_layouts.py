@@ -17,8 +17,8 @@ import json
 import statistics
 
 from draftwise import models
-from draftwise.bench.fim import quality
-from draftwise.bench.prompts import load_suite
+from draftwise.bench.suites.fim import quality
+from draftwise.bench.suites.prompts import load_suite
 from draftwise.fim import FimBudget, fim_prompt
 from draftwise.loading import load_engine
 from draftwise.types import SamplingParams, SpeculationConfig

@@ -19,7 +19,7 @@ import json
 import statistics
 
 from draftwise import models
-from draftwise.bench.prompts import load_suite
+from draftwise.bench.suites.prompts import load_suite
 from draftwise.loading import load_engine
 from draftwise.types import SamplingParams, SpeculationConfig
 

@@ -186,7 +186,7 @@ def test_constrained_answers_of_the_schema_suite_validate(engine):
 
     import jsonschema
 
-    from draftwise.bench.prompts import load_suite
+    from draftwise.bench.suites.prompts import load_suite
     from draftwise.constraints import Constraint
 
     plain = (SpeculationConfig(enabled=False), None)

@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from draftwise.bench.fim import edit_similarity, fim_ids, levenshtein, normalise, quality
-from draftwise.bench.prompts import Prompt, load_suite
+from draftwise.bench.suites.fim import edit_similarity, fim_ids, levenshtein, normalise, quality
+from draftwise.bench.suites.prompts import Prompt, load_suite
 from draftwise.fim import FimBudget, fim_prompt
 
 

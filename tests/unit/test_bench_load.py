@@ -468,7 +468,7 @@ def test_soak_of_a_process_that_is_not_there_is_a_clear_error(fake):
 
 
 def test_cli_soak_with_prompt_file_writes_the_verdict_and_the_plot(fake, tmp_path):
-    from draftwise.bench.prompts import Prompt
+    from draftwise.bench.suites.prompts import Prompt
 
     prompts_file = tmp_path / "prompts.jsonl"
     prompts_file.write_text(

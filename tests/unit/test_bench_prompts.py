@@ -6,7 +6,7 @@ import re
 import pytest
 
 from draftwise.backends.toy import CharTokenizer
-from draftwise.bench.prompts import (
+from draftwise.bench.suites.prompts import (
     CATEGORIES,
     Prompt,
     PromptFileError,
@@ -136,7 +136,7 @@ def test_pad_prompt_reaches_about_the_requested_length_with_filler_from_other_pr
 
 
 def test_predictions_per_turn_are_parsed_and_checked():
-    from draftwise.bench.prompts import PromptFileError, parse_lines
+    from draftwise.bench.suites.prompts import PromptFileError, parse_lines
 
     one, many = parse_lines(
         [
@@ -160,7 +160,7 @@ def test_the_shipped_edit_and_schema_suites():
 
 
 def test_fill_in_the_middle_prompts_take_a_suffix():
-    from draftwise.bench.prompts import parse_lines
+    from draftwise.bench.suites.prompts import parse_lines
 
     line = '{"question_id": 1, "category": "fim", "turns": ["def f(x):\\n"], "suffix": "    return y\\n", '
     (prompt,) = parse_lines([line + '"reference": "    y = x\\n"}'], "p.jsonl")

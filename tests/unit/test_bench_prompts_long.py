@@ -6,7 +6,7 @@ from importlib import resources
 
 import pytest
 
-from draftwise.bench.prompts import (
+from draftwise.bench.suites.prompts import (
     CATEGORIES,
     OPT_IN,
     PromptFileError,

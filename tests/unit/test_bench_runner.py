@@ -9,10 +9,10 @@ import pytest
 
 from draftwise.backends.toy import ToyBackend, ToyModel
 from draftwise.bench.methods import parse_method
-from draftwise.bench.prompts import Prompt
 from draftwise.bench.record.timing import WindowClock
 from draftwise.bench.report import render_markdown
 from draftwise.bench.runner import BenchConfig, BenchRunner, divergence, run_bench
+from draftwise.bench.suites.prompts import Prompt
 from draftwise.drafters import ModelDrafter, NgramDrafter
 from draftwise.engine import Engine
 from draftwise.types import ConfigError, SamplingParams
@@ -384,8 +384,8 @@ def test_prompts_with_a_json_schema_are_constrained_for_every_method_but_unconst
 
 
 def test_fill_in_the_middle_prompts_run_as_infill_and_score_the_middle(tmp_path):
-    from draftwise.bench.fim import fim_ids
     from draftwise.bench.report import render_markdown
+    from draftwise.bench.suites.fim import fim_ids
     from draftwise.types import SamplingParams, SpeculationConfig
 
     target = ToyBackend(ToyModel(vocab_size=100, sharpness=3))

@@ -17,7 +17,7 @@ from draftwise.bench import corpus
 from draftwise.bench.corpus_code import DEFINITIONS, FUNCTIONS, pick_regions, shape_of
 from draftwise.bench.corpus_edits import EDITS, limits_for, words
 from draftwise.bench.corpus_sources import discover, provenance, read_source
-from draftwise.bench.prompts import load_prompts
+from draftwise.bench.suites.prompts import load_prompts
 from draftwise.cli import main
 from draftwise.errors import ConfigError
 

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from draftwise.backends.toy import ToyBackend
-from draftwise.bench.prompts import Prompt
+from draftwise.bench.suites.prompts import Prompt
 from draftwise.calibrate import CostCurve, cache_file
 from draftwise.cli import main
 from draftwise.policy.cost import SAVE_EVERY, TargetTime

@@ -6,8 +6,8 @@ import pytest
 from click.testing import CliRunner
 
 from draftwise.backends.toy import CharTokenizer
-from draftwise.bench.prompts import Prompt
 from draftwise.bench.replay import ReplayRun, baseline_answers, calibrated_curve, replay, summarize
+from draftwise.bench.suites.prompts import Prompt
 from draftwise.calibrate import CostCurve
 from draftwise.cli import main
 from draftwise.drafters import NgramDrafter

@@ -26,8 +26,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from draftwise.bench.prompts import load_suite
 from draftwise.bench.replay import baseline_answers
+from draftwise.bench.suites.prompts import load_suite
 from draftwise.loading import LoadOptions, load_engine
 from draftwise.models import DEFAULT_TARGET, resolve
 from draftwise.types import SamplingParams, SpeculationConfig

@@ -19,7 +19,7 @@ import time
 
 import jsonschema
 
-from draftwise.bench.prompts import load_suite
+from draftwise.bench.suites.prompts import load_suite
 from draftwise.constraints import Constraint
 from draftwise.loading import load_engine
 from draftwise.models import DEFAULT_TARGET, resolve

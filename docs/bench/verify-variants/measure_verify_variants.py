@@ -231,7 +231,7 @@ def quality(tool: str, model: Path, text: Path, base: Path, chunks: int, threads
 def greedy_agreement(models: dict[str, Path], max_tokens: int, threads: int) -> dict[str, dict]:
     """Plain greedy decoding of the quick suite's first turns with each model: the share of
     answers identical to the original's, and of tokens before the first difference."""
-    from draftwise.bench.prompts import load_suite
+    from draftwise.bench.suites.prompts import load_suite
     from draftwise.loading import LoadOptions, load_engine
     from draftwise.types import SamplingParams, SpeculationConfig
 

@@ -5,9 +5,9 @@ with every method back to back (runner.py), and the report (report.py).
 """
 
 from draftwise.bench.methods import MethodSpec, parse_methods
-from draftwise.bench.prompts import Prompt, PromptFileError, load_prompts, load_suite
 from draftwise.bench.report import write_report
 from draftwise.bench.runner import BenchConfig, BenchRunner, run_bench
+from draftwise.bench.suites.prompts import Prompt, PromptFileError, load_prompts, load_suite
 
 __all__ = [
     "BenchConfig",

@@ -1,7 +1,7 @@
 """A development corpus: benchmark tasks generated from the source files installed on a machine,
 split by file into a `dev` half to tune on and a `test` half to report on.
 
-Three kinds of task, each a Spec-Bench prompt dict that bench/prompts.py loads:
+Three kinds of task, each a Spec-Bench prompt dict that bench/suites/prompts.py loads:
 
 - `edit`: a region of a file (whole definitions, 40-160 lines, at most 4,500 characters) and one
   edit of it (bench/corpus_edits.py: rename, add_parameter, add_docstrings, reorder,

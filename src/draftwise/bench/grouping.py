@@ -9,7 +9,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
-from draftwise.bench.prompts import CATEGORIES
+from draftwise.bench.suites.prompts import CATEGORIES
 
 TABLE_HEADERS = (
     "category",

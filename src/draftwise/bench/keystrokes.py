@@ -38,8 +38,8 @@ from pathlib import Path
 import httpx
 
 from draftwise.bench.load import LoadError, _error_message
-from draftwise.bench.prompts import Prompt
 from draftwise.bench.record.timing import host_info
+from draftwise.bench.suites.prompts import Prompt
 
 FORMAT = "draftwise-bench-keystrokes/1"
 MODES = ("typing", "warm", "cold")

@@ -61,10 +61,10 @@ class PeerSuite:
         return cls(name.strip(), source.strip(), values.pop("max_tokens", default_max_tokens), **values)
 
     def prompts(self) -> list:
-        """The suite's chat prompts (bench.prompts.Prompt), chosen as the fields say."""
+        """The suite's chat prompts (bench.suites.prompts.Prompt), chosen as the fields say."""
         from pathlib import Path
 
-        from draftwise.bench.prompts import available_suites, load_prompts, load_suite, take_per_category
+        from draftwise.bench.suites.prompts import available_suites, load_prompts, load_suite, take_per_category
 
         chosen = load_suite(self.source) if self.source in available_suites() else load_prompts(Path(self.source))
         # Chat prompts only: a fill-in-the-middle cut (suffix) or a tool prompt is another request shape.

@@ -33,8 +33,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from draftwise.backends.base import common_prefix_length, encode_chat
-from draftwise.bench.fim import fim_ids
-from draftwise.bench.prompts import Prompt
+from draftwise.bench.suites.fim import fim_ids
+from draftwise.bench.suites.prompts import Prompt
 from draftwise.calibrate import CostCurve
 from draftwise.drafters.base import Drafter
 from draftwise.drafters.suffix import SuffixDrafter

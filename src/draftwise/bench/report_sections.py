@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-from draftwise.bench import tool_calls
 from draftwise.bench.grouping import aggregate, format_aggregate, geomean, markdown_table, variant_label, variant_order
 from draftwise.bench.long_context import long_context_section
+from draftwise.bench.suites import tool_calls
 
 
 def structured_rows(records: Sequence[dict]) -> list[tuple]:

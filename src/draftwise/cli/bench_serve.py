@@ -262,7 +262,7 @@ def bench_serve(
         target = url or started.url
         if keystrokes:
             from draftwise.bench import keystrokes as ks
-            from draftwise.bench.prompts import load_suite
+            from draftwise.bench.suites.prompts import load_suite
 
             typing = ks.sessions_from(load_suite("fim"), sessions, chars, prefix_lines, suffix_lines)
             _run_keystrokes(
@@ -359,7 +359,7 @@ def _check_modes(levels, url, serve_args, duration_min, keystrokes, server_pid) 
 def _chat_prompts(suite, prompts_file) -> tuple[list, list[str]]:
     """The chat prompts of --prompts and --suite (the quick suite when neither is given), each its
     first turn (with its max_tokens where the file gives one), and where they came from."""
-    from draftwise.bench.prompts import load_prompts, load_suite
+    from draftwise.bench.suites.prompts import load_prompts, load_suite
 
     pool, sources = [], []
     if prompts_file:

@@ -107,8 +107,8 @@ def replay(
     and --curve gives the cost curve. Prints tokens/step and speedup per category and set.
     """
     from draftwise.bench import account as bench_account
-    from draftwise.bench import prompts as bench_prompts
     from draftwise.bench import replay as bench_replay
+    from draftwise.bench.suites import prompts as bench_prompts
 
     if prices == "run" and results_path is None:
         raise ConfigError("--prices run needs a bench run (RESULTS) whose forwards set the prices")
@@ -259,9 +259,9 @@ def _print_account(console, result, buckets) -> None:
 
 def _sources(results_path, prompts_path):
     """(results or None, the prompt pool, answers by (question id, turn))."""
-    from draftwise.bench import prompts as bench_prompts
     from draftwise.bench import replay as bench_replay
     from draftwise.bench.runner import load_results
+    from draftwise.bench.suites import prompts as bench_prompts
 
     if results_path is None and prompts_path is None:
         raise ConfigError("give a bench run (RESULTS) or a prompt file with reference answers (--prompts)")

@@ -31,7 +31,8 @@ from pathlib import Path
 
 from draftwise import models
 from draftwise.backends.base import text_marks
-from draftwise.bench import account, prompts, replay
+from draftwise.bench import account, replay
+from draftwise.bench.suites import prompts
 from draftwise.cli.replay import _sources
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.drafters.suffix import SuffixDrafter

@@ -19,7 +19,8 @@ import numpy as np
 
 from draftwise import models
 from draftwise.backends.base import encode_chat
-from draftwise.bench import prompts, replay
+from draftwise.bench import replay
+from draftwise.bench.suites import prompts
 from draftwise.calibrate import CostCurve
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.drafters.suffix import SuffixDrafter

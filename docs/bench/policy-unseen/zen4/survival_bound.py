@@ -28,8 +28,9 @@ from pathlib import Path
 
 from draftwise import models
 from draftwise.backends.base import common_prefix_length, encode_chat, text_marks
-from draftwise.bench import prompts, replay
-from draftwise.bench.fim import fim_ids
+from draftwise.bench import replay
+from draftwise.bench.suites import prompts
+from draftwise.bench.suites.fim import fim_ids
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.loading import LoadOptions, load_backend

@@ -5,7 +5,7 @@ Levenshtein distance over the longer length, in characters, as CrossCodeEval's m
 
 from __future__ import annotations
 
-from draftwise.bench.prompts import Prompt
+from draftwise.bench.suites.prompts import Prompt
 from draftwise.fim import FimBudget, fim_prompt
 
 

@@ -5,7 +5,7 @@ A prompt file holds one JSON object a line: {"question_id": int, "category": str
 "suffix"?: str, "tools"?: [...], "tool_choice"?: ..., "expected_calls"?: [str, ...], "max_tokens"?: int};
 a JSON schema constrains every turn's answer, for every method; tools (OpenAI's, with tool_choice,
 default auto) do too, as the server would, and expected_calls names the functions the answer
-should call (empty: none; bench/tool_calls.py scores it); a prediction (one string for the first
+should call (empty: none; bench/suites/tool_calls.py scores it); a prediction (one string for the first
 turn, or one entry per turn) is the expected answer, which the prediction drafter drafts from; a
 suffix makes a fill-in-the-middle prompt (one turn: the text before the gap; reference: the text
 removed); max_tokens (a positive integer) caps each turn's answer in place
@@ -211,7 +211,7 @@ def load_prompts(path: str | Path) -> list[Prompt]:
 
 
 def _suite_files() -> dict[str, Any]:
-    folder = resources.files("draftwise.bench") / "suites"
+    folder = resources.files("draftwise.bench.suites")
     return {p.name[: -len(".jsonl")]: p for p in folder.iterdir() if p.name.endswith(".jsonl")}
 
 
