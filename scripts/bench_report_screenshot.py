@@ -22,8 +22,8 @@ import numpy as np
 
 from draftwise.backends.toy import DEFAULT_ALPHABET, CharTokenizer, ToyBackend
 from draftwise.bench.report import write_report
-from draftwise.bench.runner import BenchConfig, run_bench
 from draftwise.bench.suites.prompts import Prompt
+from draftwise.bench.sweep.runner import BenchConfig, run_bench
 from draftwise.drafters import NgramDrafter
 from draftwise.drafters.prediction import PredictionDrafter
 from draftwise.drafters.suffix import SuffixDrafter

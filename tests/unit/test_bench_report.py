@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from draftwise.bench.report import category_rows, geomean, render_markdown, write_report
-from draftwise.bench.runner import FORMAT
+from draftwise.bench.sweep.runner import FORMAT
 from draftwise.cli import main
 
 

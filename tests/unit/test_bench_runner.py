@@ -8,11 +8,11 @@ import json
 import pytest
 
 from draftwise.backends.toy import ToyBackend, ToyModel
-from draftwise.bench.methods import parse_method
 from draftwise.bench.record.timing import WindowClock
 from draftwise.bench.report import render_markdown
-from draftwise.bench.runner import BenchConfig, BenchRunner, divergence, run_bench
 from draftwise.bench.suites.prompts import Prompt
+from draftwise.bench.sweep.methods import parse_method
+from draftwise.bench.sweep.runner import BenchConfig, BenchRunner, divergence, run_bench
 from draftwise.drafters import ModelDrafter, NgramDrafter
 from draftwise.engine import Engine
 from draftwise.types import ConfigError, SamplingParams
@@ -331,7 +331,7 @@ def test_later_turns_continue_from_the_baselines_answer(tmp_path):
 
 
 def test_drift_corrected_speedup_counts_time_in_each_runs_own_plain_steps():
-    from draftwise.bench.compare import compare_with_baseline as _compare_with_baseline
+    from draftwise.bench.sweep.compare import compare_with_baseline as _compare_with_baseline
 
     def rec(policy, steps_ms, plain, tokens=100):
         decode = sum(steps_ms)

@@ -9,9 +9,9 @@ import pytest
 
 from draftwise.backends.toy import ToyBackend
 from draftwise.bench.report import render_markdown
-from draftwise.bench.runner import BenchConfig, run_bench
 from draftwise.bench.suites.prompts import Prompt, PromptFileError, load_suite, parse_lines
 from draftwise.bench.suites.tool_calls import plan_for, scores
+from draftwise.bench.sweep.runner import BenchConfig, run_bench
 from draftwise.drafters import NgramDrafter
 from draftwise.engine import Engine
 from tests.server.test_tools import TOKENS, TOOLS, VOCAB, scripted

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from draftwise import calibrate
 from draftwise.backends.toy import ToyBackend, ToyModel
-from draftwise.bench.engine_setup import calibration_meta, load_bench_engine
+from draftwise.bench.sweep.engine_setup import calibration_meta, load_bench_engine
 from draftwise.cli import main
 from draftwise.drafters import NgramDrafter
 from draftwise.engine import Engine

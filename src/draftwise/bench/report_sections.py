@@ -392,7 +392,7 @@ def _share(value: float) -> str:
 
 
 def memory_section(records: Sequence[dict], meta: dict) -> list[str]:
-    """The memory probes of the load (bench.runner.load_bench_engine) and the models' weights, then
+    """The memory probes of the load (bench.sweep.runner.load_bench_engine) and the models' weights, then
     per method what its runs held (memory_rows)."""
     out: list[str] = []
     memory = meta.get("memory") or {}

@@ -137,10 +137,10 @@ def bench(
 ) -> None:
     """Benchmark methods per task category; writes results.json, report.md, report.html and PNG plots to --out."""
     from draftwise.bench import report as bench_report
-    from draftwise.bench.engine_setup import calibration_meta, load_bench_engine
-    from draftwise.bench.methods import parse_methods
-    from draftwise.bench.runner import BenchConfig, BenchRunner, RichProgress, load_results
     from draftwise.bench.suites import prompts as bench_prompts
+    from draftwise.bench.sweep.engine_setup import calibration_meta, load_bench_engine
+    from draftwise.bench.sweep.methods import parse_methods
+    from draftwise.bench.sweep.runner import BenchConfig, BenchRunner, RichProgress, load_results
 
     out = Path(out_dir)
     if report_only:

@@ -260,8 +260,8 @@ def _print_account(console, result, buckets) -> None:
 def _sources(results_path, prompts_path):
     """(results or None, the prompt pool, answers by (question id, turn))."""
     from draftwise.bench import replay as bench_replay
-    from draftwise.bench.runner import load_results
     from draftwise.bench.suites import prompts as bench_prompts
+    from draftwise.bench.sweep.runner import load_results
 
     if results_path is None and prompts_path is None:
         raise ConfigError("give a bench run (RESULTS) or a prompt file with reference answers (--prompts)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from draftwise.bench.methods import MethodSpec
+from draftwise.bench.sweep.methods import MethodSpec
 from draftwise.types import ConfigError, SamplingParams, SpeculationConfig
 
 

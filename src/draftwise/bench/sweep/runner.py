@@ -18,10 +18,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from draftwise.bench.compare import compare_with_baseline, divergence
-from draftwise.bench.config import BenchConfig, Variant
-from draftwise.bench.engine_setup import LoadedBench, load_bench_engine
-from draftwise.bench.methods import parse_methods
 from draftwise.bench.record.progress import ProgressSink, RichProgress
 from draftwise.bench.record.results import (
     FORMAT,
@@ -44,6 +40,10 @@ from draftwise.bench.record.timing import (
 from draftwise.bench.suites import tool_calls
 from draftwise.bench.suites.fim import fim_ids, quality
 from draftwise.bench.suites.prompts import Prompt, filler_for, pad_prompt
+from draftwise.bench.sweep.compare import compare_with_baseline, divergence
+from draftwise.bench.sweep.config import BenchConfig, Variant
+from draftwise.bench.sweep.engine_setup import LoadedBench, load_bench_engine
+from draftwise.bench.sweep.methods import parse_methods
 from draftwise.drafters import ModelDrafter, NgramDrafter
 from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.types import ConfigError, SamplingParams, SpeculationConfig
