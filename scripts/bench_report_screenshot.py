@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from draftwise.backends.toy import DEFAULT_ALPHABET, CharTokenizer, ToyBackend
-from draftwise.bench.report import write_report
+from draftwise.bench.reports.report import write_report
 from draftwise.bench.suites.prompts import Prompt
 from draftwise.bench.sweep.runner import BenchConfig, run_bench
 from draftwise.drafters import NgramDrafter

@@ -2,9 +2,9 @@
 steps, the report's context buckets and 512-token blocks, the plots, and a toy run's records.
 """
 
-from draftwise.bench import long_context
 from draftwise.bench.record.timing import acceptance_windows, block_rates, step_windows
-from draftwise.bench.report import render_markdown, write_report
+from draftwise.bench.reports import long_context
+from draftwise.bench.reports.report import render_markdown, write_report
 from draftwise.bench.suites.prompts import Prompt
 from draftwise.bench.sweep.runner import BenchConfig, run_bench
 from tests.unit.test_bench_runner import toy_engine

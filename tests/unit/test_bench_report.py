@@ -8,7 +8,7 @@ import math
 import pytest
 from click.testing import CliRunner
 
-from draftwise.bench.report import category_rows, geomean, render_markdown, write_report
+from draftwise.bench.reports.report import category_rows, geomean, render_markdown, write_report
 from draftwise.bench.sweep.runner import FORMAT
 from draftwise.cli import main
 
@@ -179,7 +179,7 @@ def test_competing_load_counts_other_processes_only():
     from collections import namedtuple
 
     from draftwise.bench.record.timing import CompetingLoad
-    from draftwise.bench.report import render_markdown
+    from draftwise.bench.reports.report import render_markdown
 
     Cpu = namedtuple("Cpu", "user system")
     Own = namedtuple("Own", "user system children_user children_system")
@@ -198,7 +198,7 @@ def test_competing_load_counts_other_processes_only():
 
 
 def test_the_report_states_the_always_right_ceiling_of_its_calibration():
-    from draftwise.bench.report import always_right_ceiling
+    from draftwise.bench.reports.report import always_right_ceiling
 
     assert always_right_ceiling({"1": 30, "2": 45, "4": 60}) == (2.0, 3)
     assert always_right_ceiling(None) is None
@@ -208,7 +208,7 @@ def test_the_report_states_the_always_right_ceiling_of_its_calibration():
 
 
 def test_the_memory_section_tabulates_each_methods_caches_indexes_and_what_speculation_adds():
-    from draftwise.bench.report_sections import memory_rows, memory_section
+    from draftwise.bench.reports.report_sections import memory_rows, memory_section
 
     mb = 2**20
     results = fake_results()

@@ -11,8 +11,8 @@ from html.parser import HTMLParser
 from click.testing import CliRunner
 
 from draftwise.bench.record.results import compact_spans
-from draftwise.bench.report import category_rows, time_account_rows, write_report
-from draftwise.bench.report_html import render_html
+from draftwise.bench.reports.report import category_rows, time_account_rows, write_report
+from draftwise.bench.reports.report_html import render_html
 from draftwise.cli import main
 from draftwise.types import TokenSpan
 from tests.unit.test_bench_report import fake_results, record

@@ -9,7 +9,7 @@ import pytest
 
 from draftwise.backends.toy import ToyBackend, ToyModel
 from draftwise.bench.record.timing import WindowClock
-from draftwise.bench.report import render_markdown
+from draftwise.bench.reports.report import render_markdown
 from draftwise.bench.suites.prompts import Prompt
 from draftwise.bench.sweep.methods import parse_method
 from draftwise.bench.sweep.runner import BenchConfig, BenchRunner, divergence, run_bench
@@ -384,7 +384,7 @@ def test_prompts_with_a_json_schema_are_constrained_for_every_method_but_unconst
 
 
 def test_fill_in_the_middle_prompts_run_as_infill_and_score_the_middle(tmp_path):
-    from draftwise.bench.report import render_markdown
+    from draftwise.bench.reports.report import render_markdown
     from draftwise.bench.suites.fim import fim_ids
     from draftwise.types import SamplingParams, SpeculationConfig
 

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from draftwise.backends.toy import ToyBackend
-from draftwise.bench.report import render_markdown
+from draftwise.bench.reports.report import render_markdown
 from draftwise.bench.suites.prompts import Prompt, PromptFileError, load_suite, parse_lines
 from draftwise.bench.suites.tool_calls import plan_for, scores
 from draftwise.bench.sweep.runner import BenchConfig, run_bench

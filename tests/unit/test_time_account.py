@@ -6,7 +6,7 @@ import pytest
 
 from draftwise.backends.toy import ToyBackend, ToyModel
 from draftwise.bench.account import run_prices, split
-from draftwise.bench.report import ACCOUNT_PARTS, render_markdown, time_account_rows
+from draftwise.bench.reports.report import ACCOUNT_PARTS, render_markdown, time_account_rows
 from draftwise.calibrate import CostCurve
 from draftwise.constraints import Constraint
 from draftwise.drafters import NgramDrafter

@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 
 from draftwise.backends.base import common_prefix_length
-from draftwise.bench import report as bench_report
 from draftwise.bench.record.results import save_results
+from draftwise.bench.reports import report as bench_report
 from draftwise.bench.suites.prompts import load_suite
 from draftwise.engine import Engine
 from draftwise.loading import LoadOptions, load_backend

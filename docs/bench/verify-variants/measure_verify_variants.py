@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from draftwise.backends.base import common_prefix_length
-from draftwise.bench.report import always_right_ceiling
+from draftwise.bench.reports.report import always_right_ceiling
 from draftwise.calibrate import CostCurve, measure
 from draftwise.models import DEFAULT_TARGET, resolve
 

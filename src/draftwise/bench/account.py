@@ -24,7 +24,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
-from draftwise.bench.grouping import variant_label
+from draftwise.bench.reports.grouping import variant_label
 from draftwise.calibrate import CostCurve, ScaledCurve
 
 ROW_BUCKETS = (1, 2, 5, 9, 17, 33)  # lower bounds: 1, 2-4, 5-8, 9-16, 17-32, 33+

@@ -11,7 +11,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from draftwise.bench.report_header import COMPETING_SHARE
+from draftwise.bench.reports.report_header import COMPETING_SHARE
 
 HOW_MEASURED = (
     "Each prompt went to every server in turn, one request at a time, the servers' order rotated by one "

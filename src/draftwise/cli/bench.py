@@ -136,7 +136,7 @@ def bench(
     device,
 ) -> None:
     """Benchmark methods per task category; writes results.json, report.md, report.html and PNG plots to --out."""
-    from draftwise.bench import report as bench_report
+    from draftwise.bench.reports import report as bench_report
     from draftwise.bench.suites import prompts as bench_prompts
     from draftwise.bench.sweep.engine_setup import calibration_meta, load_bench_engine
     from draftwise.bench.sweep.methods import parse_methods
@@ -243,7 +243,7 @@ def _print_bench_tables(results: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from draftwise.bench import report as bench_report
+    from draftwise.bench.reports import report as bench_report
 
     console = Console()
     if not console.is_terminal:

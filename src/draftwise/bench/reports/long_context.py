@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from draftwise.bench.account import bucket
-from draftwise.bench.grouping import aggregate, markdown_table, variant_label, variant_order
 from draftwise.bench.record.timing import acceptance_windows, block_rates, step_windows
+from draftwise.bench.reports.grouping import aggregate, markdown_table, variant_label, variant_order
 
 LONG_CONTEXT = 4096  # records reading this many prompt tokens or more make the section appear
 LONG_OUTPUT = 1024  # answers of this many tokens or more are shown in 512-token blocks
@@ -247,7 +247,7 @@ def plot_long_context(records: Sequence[dict], path: Path) -> Path | None:
     acceptance per method (one point a record, log-2 x axis)."""
     if not applies(records):
         return None
-    from draftwise.bench.plots import _color, _figure
+    from draftwise.bench.reports.plots import _color, _figure
 
     ok = [r for r in records if not r.get("error") and r.get("num_prompt_tokens")]
     variants = variant_order(ok)
@@ -282,7 +282,7 @@ def plot_long_outputs(records: Sequence[dict], path: Path) -> Path | None:
     long = [r for r in records if not r.get("error") and r.get("num_generated", 0) >= LONG_OUTPUT]
     if not long:
         return None
-    from draftwise.bench.plots import _color, _figure
+    from draftwise.bench.reports.plots import _color, _figure
 
     fig, axes = _figure(2, height=3.6)
     variants = variant_order(long)

@@ -8,7 +8,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
-from draftwise.bench.grouping import (
+from draftwise.bench.reports.grouping import (
     aggregate,
     by_setting,
     category_order,

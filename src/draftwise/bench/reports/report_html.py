@@ -2,8 +2,8 @@
 the per-setting tables, the plots inline (data: URIs), the time account, and per category one
 answer with its tokens coloured by source (the runner's `spans`), baseline's beside auto's.
 
-The rows come from the functions report.md is made with (bench.report_header, bench.grouping,
-bench.report_sections); the page is a jinja2 template with autoescaping, so every text from the
+The rows come from the functions report.md is made with (bench.reports.report_header, bench.reports.grouping,
+bench.reports.report_sections); the page is a jinja2 template with autoescaping, so every text from the
 run is escaped. It loads nothing from elsewhere and runs no script.
 """
 
@@ -18,8 +18,8 @@ from pathlib import Path
 import jinja2
 from markupsafe import Markup, escape
 
-from draftwise.bench import long_context
-from draftwise.bench.grouping import (
+from draftwise.bench.reports import long_context
+from draftwise.bench.reports.grouping import (
     STABILITY_HEADERS,
     TABLE_HEADERS,
     by_setting,
@@ -32,8 +32,8 @@ from draftwise.bench.grouping import (
     variant_label,
     variant_order,
 )
-from draftwise.bench.report_header import header_lines
-from draftwise.bench.report_sections import ACCOUNT_HEADERS, ACCOUNT_NOTE, time_account_rows
+from draftwise.bench.reports.report_header import header_lines
+from draftwise.bench.reports.report_sections import ACCOUNT_HEADERS, ACCOUNT_NOTE, time_account_rows
 
 TEMPLATE = "report.html.j2"
 # Where a token came from -> (colour, what it means); a source not named here gets a spare colour.
@@ -70,7 +70,8 @@ def render_html(results: dict, plots: Sequence[Path] = ()) -> str:
             for span in a["spans"]:
                 span["css"] = css[span["source"]]
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
-    template = env.from_string(resources.files("draftwise.bench").joinpath(TEMPLATE).read_text(encoding="utf-8"))
+    page = resources.files("draftwise.bench.reports").joinpath(TEMPLATE).read_text(encoding="utf-8")
+    template = env.from_string(page)
     return template.render(
         target=results.get("meta", {}).get("target", "?"),
         intro=intro(results),

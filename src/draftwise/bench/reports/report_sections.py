@@ -9,8 +9,15 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-from draftwise.bench.grouping import aggregate, format_aggregate, geomean, markdown_table, variant_label, variant_order
-from draftwise.bench.long_context import long_context_section
+from draftwise.bench.reports.grouping import (
+    aggregate,
+    format_aggregate,
+    geomean,
+    markdown_table,
+    variant_label,
+    variant_order,
+)
+from draftwise.bench.reports.long_context import long_context_section
 from draftwise.bench.suites import tool_calls
 
 

@@ -1,9 +1,9 @@
 """The bench report: results.json -> report.md (per-category x method tables) and PNG plots.
 
-Aggregates (bench.grouping): decode tokens/s is a mean over records, speedup a geometric mean of
+Aggregates (bench.reports.grouping): decode tokens/s is a mean over records, speedup a geometric mean of
 per-prompt ratios, acceptance and tokens/step are pooled (sums over records), so long outputs
-weigh more. The header is bench.report_header's, the later sections bench.report_sections', the
-plots bench.plots', the HTML page bench.report_html's.
+weigh more. The header is bench.reports.report_header's, the later sections bench.reports.report_sections', the
+plots bench.reports.plots', the HTML page bench.reports.report_html's.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from draftwise.bench import long_context, report_html
-from draftwise.bench import plots as bench_plots
-from draftwise.bench.grouping import (
+from draftwise.bench.reports import long_context, report_html
+from draftwise.bench.reports import plots as bench_plots
+from draftwise.bench.reports.grouping import (
     STABILITY_HEADERS,
     TABLE_HEADERS,
     by_setting,
@@ -26,8 +26,8 @@ from draftwise.bench.grouping import (
     stability_rows,
     variant_label,
 )
-from draftwise.bench.report_header import HOW_MEASURED, always_right_ceiling, header_lines
-from draftwise.bench.report_sections import ACCOUNT_PARTS, SECTIONS, time_account_rows
+from draftwise.bench.reports.report_header import HOW_MEASURED, always_right_ceiling, header_lines
+from draftwise.bench.reports.report_sections import ACCOUNT_PARTS, SECTIONS, time_account_rows
 
 # What other modules and scripts read from the report (defined in its parts).
 __all__ = [
@@ -76,7 +76,7 @@ def _setting_section(setting: tuple, group: Sequence[dict]) -> list[str]:
 
 
 def write_report(results: dict, out_dir: str | Path) -> Path:
-    """Write report.md, the PNG plots and report.html (bench.report_html: the same tables, the
+    """Write report.md, the PNG plots and report.html (bench.reports.report_html: the same tables, the
     plots inline, the recorded answers' token sources) next to it; returns report.md's path."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
