@@ -61,3 +61,38 @@ def test_a_non_streaming_client_that_gives_up_cancels_its_generation(start_serve
     assert wait_idle(serving), "the abandoned generation kept running"
     text = httpx.get(f"{live.url}/metrics").text
     assert 'draftwise_requests_total{endpoint="completions",finish_reason="cancelled"} 1.0' in text
+
+
+def test_an_idle_worker_ends_and_the_next_job_starts_another(monkeypatch):
+    """The worker thread ends after WORKER_IDLE_S with nothing to do (its llama.cpp OpenMP team
+    with it: compute_thread.py); a job submitted later starts a new one and is answered as before."""
+    from draftwise.server import serving as serving_module
+
+    monkeypatch.setattr(serving_module, "WORKER_IDLE_S", 0.05)
+    engine = make_engine()
+    serving = Serving(engine)
+
+    async def one(i: int) -> Finished | JobFailed:
+        job = serving.submit(
+            Job(f"job-{i}", "completions", engine.encode_prompt("again")), SamplingParams(max_tokens=6), None, None
+        )
+        return await drain(job)
+
+    async def scenario():
+        first = await one(0)
+        worker = serving._thread
+        for _ in range(200):  # the worker sees its idle time out and ends
+            if serving._thread is None and not worker.is_alive():
+                break
+            await asyncio.sleep(0.01)
+        ended = serving._thread is None and not worker.is_alive()
+        return first, worker, ended, await one(1)
+
+    try:
+        first, worker, ended, second = asyncio.run(scenario())
+    finally:
+        serving.close()
+    assert ended, "the idle worker did not end"
+    assert isinstance(first, Finished) and isinstance(second, Finished)
+    assert second.result.token_ids == first.result.token_ids
+    assert serving._thread is not worker

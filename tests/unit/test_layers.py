@@ -31,6 +31,7 @@ LAYERS: dict[str, int] = {
     "models": 1,
     "constraints": 1,
     "gguf_header": 1,
+    "compute_thread": 1,  # runs a function on a thread that ends with it (llama.cpp's OpenMP teams)
     # 2: the seams' implementations; calibrate times a Backend, and the auto policy reads it
     "backends": 2,
     "drafters": 2,

@@ -216,9 +216,10 @@ def _one_model_app(target, draft, options, speculation, datastore, model_name, m
     """The app of one model, loaded (and calibrated, first run only) before any request."""
     import logging
 
+    from draftwise.compute_thread import in_passing_thread
     from draftwise.server import create_app
 
-    with download_progress() as report, calibration_progress() as calibrating:
+    def load_and_price(report, calibrating):
         loaded = load(
             target,
             draft,
@@ -228,15 +229,20 @@ def _one_model_app(target, draft, options, speculation, datastore, model_name, m
             datastore=datastore,
             calibration_progress=calibrating,
         )
+        if speculation.policy == "auto":  # the engine's cost model reads its curve now, not in a request
+            _ = loaded.engine.target_time().curve
+        return loaded
+
+    with download_progress() as report, calibration_progress() as calibrating:
+        # On a thread that ends here, with its OpenMP team: decoding runs on the serving worker's
+        # team alone (compute_thread.py: two teams on a 2-core host made every forward slower).
+        loaded = in_passing_thread(load_and_price, report, calibrating)
     engine = loaded.engine
     say_skipped(engine, loaded.draft_note)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s:     %(name)s: %(message)s")
     served_name = model_name or engine.target.name
     names = _store_names(target, served_name, options.models_dirs)
-    app = create_app(engine, served_name, max_queue=max_queue, names=names, **guards)
-    if speculation.policy == "auto":  # the engine's cost model reads its curve now, not in a request
-        _ = engine.target_time().curve
-    return app
+    return create_app(engine, served_name, max_queue=max_queue, names=names, **guards)
 
 
 def _store_names(target: str, served_name: str, models_dirs) -> tuple[str, ...]:

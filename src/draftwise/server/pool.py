@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
+from draftwise.compute_thread import in_passing_thread_async
 from draftwise.engine import Engine
 from draftwise.errors import ConfigError
 from draftwise.server.names import spellings
@@ -196,7 +197,8 @@ class ModelPool:
             await self._make_room(entry)
             started = time.monotonic()
             logger.info("loading model %s", name)
-            engine = await asyncio.to_thread(entry.source.load)
+            # a thread that ends with the load, and its OpenMP team with it (compute_thread.py)
+            engine = await in_passing_thread_async(entry.source.load)
             state = await asyncio.to_thread(self._make_state, name, engine)
             entry.state, entry.loaded_at = state, time.time()
             entry.expires_at = _expiry(self._clock(), self.keep_alive_s)  # until its requests say

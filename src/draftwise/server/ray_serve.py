@@ -8,7 +8,6 @@ answers carry `x-draftwise-replica`. The only module that imports Ray (install `
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 from dataclasses import dataclass, field
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from draftwise import models
+from draftwise.compute_thread import in_passing_thread_async
 from draftwise.loading import LoadOptions, backend_kind, default_slots
 from draftwise.server.access import Access
 from draftwise.server.serving import MAX_QUEUE
@@ -222,7 +222,7 @@ def _replica_class():
             # Off the replica's event loop: loading may first pull the models into this node's cache.
             self._config = config
             # several models: each loads when first asked for, not here
-            self._engine = None if config.pool else await asyncio.to_thread(_load, config)
+            self._engine = None if config.pool else await in_passing_thread_async(_load, config)
             self._replica_id = serve.get_replica_context().replica_id.unique_id
 
         def __serve_build_asgi_app__(self):

@@ -114,6 +114,10 @@ class ServerBusy(RuntimeError):
 
 # Requests that may wait for a slot; beyond it the server answers 503 at once.
 MAX_QUEUE = 64
+# The worker thread ends after this long with nothing to do, and its llama.cpp OpenMP team with
+# it: a server of several models holds a team only for the models decoding now
+# (compute_thread.py: more OpenMP threads than CPUs make every barrier sleep in the kernel).
+WORKER_IDLE_S = 2.0
 
 
 class Serving:
@@ -191,8 +195,8 @@ class Serving:
                     f"{self.engine.num_slots} slot(s); retry shortly"
                 )
             job.seq = next(self._seq)
-            self._ensure_worker()
             self._queue.put(job)
+            self._ensure_worker()  # after the put: a worker ending now sees the job or is replaced
         return job
 
     def close(self, timeout: float = 10.0) -> None:
@@ -210,6 +214,15 @@ class Serving:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._work, name="draftwise-engine", daemon=True)
                 self._thread.start()
+
+    def _idle_end(self) -> bool:
+        """Whether the idle worker ends now: nothing queued (checked under the start lock, so a
+        job put after it finds no worker and starts one)."""
+        with self._start_lock:
+            if not self._queue.empty():
+                return False
+            self._thread = None
+            return True
 
     def _cancelled_in_queue(self, job: Job) -> bool:
         """Answer a job cancelled while it waited (it never reaches the engine)."""
@@ -289,8 +302,10 @@ class Serving:
             self._route(batcher.reap(), jobs)
             while batcher.num_free and not stopping:
                 try:  # wait for work only when there is nothing to step
-                    job = self._queue.get(block=not batcher.active)
+                    job = self._queue.get(block=not batcher.active, timeout=None if batcher.active else WORKER_IDLE_S)
                 except queue.Empty:
+                    if not batcher.active and not jobs and self._idle_end():
+                        return
                     break
                 if job is None:
                     stopping = True
