@@ -199,7 +199,7 @@ class CostCurve:
 @dataclass(frozen=True)
 class ScaledCurve(CostCurve):
     """A curve whose forwards cost `factors` times the base curve's: (rows, factor) pairs sorted by
-    rows, the factor interpolated linearly between them and held beyond (bench.account.run_prices
+    rows, the factor interpolated linearly between them and held beyond (bench.offline.account.run_prices
     fits them to what a run's forwards took). Example: factors ((1, 0.8), (5, 1.0)) -> ms(3) is
     0.9 x the base curve's."""
 

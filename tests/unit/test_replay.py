@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from draftwise.backends.toy import CharTokenizer
-from draftwise.bench.replay import ReplayRun, baseline_answers, calibrated_curve, replay, summarize
+from draftwise.bench.offline.replay import ReplayRun, baseline_answers, calibrated_curve, replay, summarize
 from draftwise.bench.suites.prompts import Prompt
 from draftwise.calibrate import CostCurve
 from draftwise.cli import main
@@ -66,7 +66,7 @@ def test_an_answer_that_ended_at_once_is_left_out_and_the_next_turn_goes_on():
 
 
 def test_the_oracle_takes_the_cheapest_schedule():
-    from draftwise.bench.replay import oracle_ms
+    from draftwise.bench.offline.replay import oracle_ms
     from draftwise.types import SpeculationConfig
 
     answer = list(range(10, 30))  # a 20-token answer the drafter knows in full
@@ -80,7 +80,7 @@ def test_the_oracle_takes_the_cheapest_schedule():
 
 
 def test_the_cheapest_schedule_drafts_what_is_right_where_it_pays():
-    from draftwise.bench.replay import cheapest_schedule
+    from draftwise.bench.offline.replay import cheapest_schedule
 
     curve = CostCurve(((1, 10.0), (2, 15.0), (3, 40.0)))  # 2 tokens cost less than two plain steps, 3 more than 3
     best, choice = cheapest_schedule([1, 0], 0, curve)
@@ -197,7 +197,7 @@ def test_cli_replay_bad_arguments(tiny_gguf_dir, tmp_path, args, message):
 
 
 def test_places_in_the_copies():
-    from draftwise.bench.replay import Positions, places
+    from draftwise.bench.offline.replay import Positions, places
 
     def at(correct):
         n = len(correct)
@@ -213,7 +213,7 @@ def test_places_in_the_copies():
 
 
 def test_gaps_say_where_the_oracle_gains():
-    from draftwise.bench.replay import gaps
+    from draftwise.bench.offline.replay import gaps
 
     tok = CharTokenizer(96)
     runs = replay(PROMPTS, ANSWERS, tok, {"ngram": [NgramDrafter()]}, CURVE, count_lookups=False, detail=True)
@@ -235,7 +235,7 @@ def test_gaps_say_where_the_oracle_gains():
 
 
 def test_reference_answers_of_a_prompt_file():
-    from draftwise.bench.replay import reference_answers
+    from draftwise.bench.offline.replay import reference_answers
 
     prompts = [Prompt(1, "edit", ("Repeat:\n" + CODE,), reference=CODE), Prompt(2, "chat", ("Hi",))]
     assert reference_answers(prompts) == {(1, 0): CODE}

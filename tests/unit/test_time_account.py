@@ -5,7 +5,7 @@ live-against-replay split adds up exactly (toy backend, synthetic records)."""
 import pytest
 
 from draftwise.backends.toy import ToyBackend, ToyModel
-from draftwise.bench.account import run_prices, split
+from draftwise.bench.offline.account import run_prices, split
 from draftwise.bench.reports.report import ACCOUNT_PARTS, render_markdown, time_account_rows
 from draftwise.calibrate import CostCurve
 from draftwise.constraints import Constraint

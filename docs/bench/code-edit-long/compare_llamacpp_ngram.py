@@ -26,7 +26,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from draftwise.bench.replay import baseline_answers
+from draftwise.bench.offline.replay import baseline_answers
 from draftwise.bench.suites.prompts import load_suite
 from draftwise.loading import LoadOptions, load_engine
 from draftwise.models import DEFAULT_TARGET, resolve

@@ -106,8 +106,8 @@ def replay(
     answer replayed (a proxy for the model's: what an edit, a quote or a filled middle should be)
     and --curve gives the cost curve. Prints tokens/step and speedup per category and set.
     """
-    from draftwise.bench import account as bench_account
-    from draftwise.bench import replay as bench_replay
+    from draftwise.bench.offline import account as bench_account
+    from draftwise.bench.offline import replay as bench_replay
     from draftwise.bench.suites import prompts as bench_prompts
 
     if prices == "run" and results_path is None:
@@ -259,7 +259,7 @@ def _print_account(console, result, buckets) -> None:
 
 def _sources(results_path, prompts_path):
     """(results or None, the prompt pool, answers by (question id, turn))."""
-    from draftwise.bench import replay as bench_replay
+    from draftwise.bench.offline import replay as bench_replay
     from draftwise.bench.suites import prompts as bench_prompts
     from draftwise.bench.sweep.runner import load_results
 

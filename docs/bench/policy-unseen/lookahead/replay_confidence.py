@@ -25,7 +25,7 @@ import numpy as np
 
 from draftwise import models
 from draftwise.backends.base import text_marks
-from draftwise.bench import replay
+from draftwise.bench.offline import replay
 from draftwise.bench.suites import prompts
 from draftwise.loading import LoadOptions, load_backend
 from draftwise.policy import auto

@@ -19,7 +19,7 @@ import numpy as np
 
 from draftwise import models
 from draftwise.backends.base import encode_chat
-from draftwise.bench import replay
+from draftwise.bench.offline import replay
 from draftwise.bench.suites import prompts
 from draftwise.calibrate import CostCurve
 from draftwise.drafters.ngram import NgramDrafter

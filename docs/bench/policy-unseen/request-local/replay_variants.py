@@ -28,7 +28,7 @@ from pathlib import Path
 
 from draftwise import models
 from draftwise.backends.base import text_marks
-from draftwise.bench import account, replay
+from draftwise.bench.offline import account, replay
 from draftwise.bench.suites import prompts
 from draftwise.cli.replay import _sources
 from draftwise.drafters.ngram import NgramDrafter

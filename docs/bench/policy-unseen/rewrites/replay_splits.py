@@ -1,7 +1,7 @@
 """Replay a corpus split's reference answers with `ngram`'s rewrites off and on (the README's split
 tables): per edit kind and category, plain decoding's total time over the policy's and over the
 hindsight optimum's, and each category's geometric means; lookups free, priced at a bench run's
-forwards (`bench.account.run_prices`).
+forwards (`bench.offline.account.run_prices`).
 
     python docs/bench/policy-unseen/rewrites/replay_splits.py corpus/dev.jsonl test-edit/results.json
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from draftwise import models
 from draftwise.backends.base import text_marks
-from draftwise.bench import account, replay
+from draftwise.bench.offline import account, replay
 from draftwise.bench.suites import prompts
 from draftwise.drafters.ngram import NgramDrafter
 from draftwise.drafters.suffix import SuffixDrafter

@@ -2,13 +2,13 @@
 hold, by match length and line start, but not where each one breaks (the README's "bound").
 
 For every position of each edit's reference answer, the `ngram` and `suffix` lookups propose up
-to 64 tokens and the number they get right is known (as for the optimum, bench.replay's
+to 64 tokens and the number they get right is known (as for the optimum, bench.offline.replay's
 oracle_schedule). The survival S_f(j) = P(at least j tokens right | f) is counted in hindsight
 per feature f = (the ngram proposal's match-length bucket, whether its first token starts a
 line): over the whole split ("pooled") or over each answer alone ("own": as if the policy knew
 every answer's own statistics from its first token). The simulated policy drafts, at each step,
 the k that maximises (1 + S_f(1) + ... + S_f(k)) / cost(k + 1), plain decoding included; the
-optimum is the cheapest schedule of the same proposals (bench.replay.cheapest_schedule, the
+optimum is the cheapest schedule of the same proposals (bench.offline.replay.cheapest_schedule, the
 oracle's own). Both priced on the cost curve.
 
     python docs/bench/policy-unseen/zen4/survival_bound.py corpus/dev.jsonl test-edit/results.json
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from draftwise import models
 from draftwise.backends.base import common_prefix_length, encode_chat, text_marks
-from draftwise.bench import replay
+from draftwise.bench.offline import replay
 from draftwise.bench.suites import prompts
 from draftwise.bench.suites.fim import fim_ids
 from draftwise.drafters.ngram import NgramDrafter

@@ -16,7 +16,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
-from draftwise.bench.account import bucket
+from draftwise.bench.offline.account import bucket
 from draftwise.bench.record.timing import acceptance_windows, block_rates, step_windows
 from draftwise.bench.reports.grouping import aggregate, markdown_table, variant_label, variant_order
 

@@ -153,7 +153,7 @@ def replay(
     lines start and code blocks end, as live (without line_ends, gaps() finds line starts from
     the answers' own tokens). The policies believe `curve`; every forward, plain decoding's and
     the optimum's too, costs what `prices` says (default: the curve), and the policies learn
-    the difference as they observe their steps, as live (bench.account.run_prices: a run's own).
+    the difference as they observe their steps, as live (bench.offline.account.run_prices: a run's own).
 
     Example: an answer that copies a code block from its prompt replays at over one token
     per step with {"ngram": [NgramDrafter()]} and exactly one with a set that never matches.
