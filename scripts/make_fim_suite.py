@@ -6,7 +6,7 @@ and in C, C++ and JavaScript lines inside a function whose braces and parenthese
 after a statement ends. The prompt is up to 256 lines before the cut and the suffix up to 64 after,
 as llama.vim sends them; the reference is the removed text. The choice is seeded by the file's
 name, so a rerun on the same files writes the same suite. The files and their licences are listed
-in SOURCES below and in suites/README.md. The cutting functions live in draftwise.bench.corpus_code,
+in SOURCES below and in suites/README.md. The cutting functions live in draftwise.bench.corpus.code,
 which the development corpus (`draftwise corpus`) shares.
 
     scripts/make_fim_suite.py [--out src/draftwise/bench/suites/fim.jsonl]
@@ -20,7 +20,7 @@ import random
 import sysconfig
 from pathlib import Path
 
-from draftwise.bench.corpus_code import MAX_CUT, brace_cuts, fim_parts, is_code, python_cuts
+from draftwise.bench.corpus.code import MAX_CUT, brace_cuts, fim_parts, is_code, python_cuts
 
 FIRST_ID = 1301
 STDLIB = Path(sysconfig.get_paths()["stdlib"])

@@ -11,7 +11,7 @@ the engine reuses the bundle's cache; they are adjacent in the file, in the orde
 - long_rag (3): a question answered from the documents, about definitions in the bundle's last third.
 - long_code (3): a code task over the bundle (write a function using its API, or explain and quote).
 - long_edit (2, the 16k and 28k bundles): one edit (rename, or add_parameter as the corpus makes it,
-  bench/corpus_edits.py) of a 30-120 line function in the bundle's last quarter; `reference` is the
+  bench/corpus/edits.py) of a 30-120 line function in the bundle's last quarter; `reference` is the
   edited function in a code block.
 - long_output (2): a ~4,500-token source file to write out again unchanged, and a tutorial of at
   least 3,500 words; 4,096 answer tokens each.
@@ -38,10 +38,10 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftwise.bench.corpus import fenced
-from draftwise.bench.corpus_code import FUNCTIONS, Region, definition_text, parses
-from draftwise.bench.corpus_edits import add_parameter, replace_word, words
-from draftwise.bench.corpus_sources import Source, language_of, provenance, read_source
+from draftwise.bench.corpus.build import fenced
+from draftwise.bench.corpus.code import FUNCTIONS, Region, definition_text, parses
+from draftwise.bench.corpus.edits import add_parameter, replace_word, words
+from draftwise.bench.corpus.sources import Source, language_of, provenance, read_source
 from draftwise.models import DEFAULT_TARGET, model_path
 
 FIRST_ID = 1101

@@ -1,4 +1,4 @@
-"""The development corpus (bench/corpus.py and `draftwise corpus`) on a small tree of source files
+"""The development corpus (bench/corpus/build.py and `draftwise corpus`) on a small tree of source files
 written here: determinism, the split by file, what each task kind asks and answers, the files it
 writes and the command's errors."""
 
@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from draftwise.bench import corpus
-from draftwise.bench.corpus_code import DEFINITIONS, FUNCTIONS, pick_regions, shape_of
-from draftwise.bench.corpus_edits import EDITS, limits_for, words
-from draftwise.bench.corpus_sources import discover, provenance, read_source
+from draftwise.bench.corpus import build as corpus
+from draftwise.bench.corpus.code import DEFINITIONS, FUNCTIONS, pick_regions, shape_of
+from draftwise.bench.corpus.edits import EDITS, limits_for, words
+from draftwise.bench.corpus.sources import discover, provenance, read_source
 from draftwise.bench.suites.prompts import load_prompts
 from draftwise.cli import main
 from draftwise.errors import ConfigError

@@ -1,5 +1,5 @@
 """draftwise corpus: a development corpus of edit, fim and copy tasks generated from the source
-files on this machine, split by file into dev.jsonl and test.jsonl (bench/corpus.py)."""
+files on this machine, split by file into dev.jsonl and test.jsonl (bench/corpus/build.py)."""
 
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ def corpus(out, seed, tasks, test_share, sources, kinds) -> None:
     Without --source it uses the Python standard library and site-packages, /usr/include,
     /usr/share/doc and /usr/lib/node_modules. Every task of a file is in the same split.
     """
-    from draftwise.bench import corpus as bench_corpus
-    from draftwise.bench.corpus_sources import default_sources, discover
+    from draftwise.bench.corpus import build as bench_corpus
+    from draftwise.bench.corpus.sources import default_sources, discover
 
     chosen = [k.strip() for k in kinds.split(",") if k.strip()]
     unknown = [k for k in chosen if k not in bench_corpus.KINDS]

@@ -4,7 +4,7 @@ split by file into a `dev` half to tune on and a `test` half to report on.
 Three kinds of task, each a Spec-Bench prompt dict that bench/suites/prompts.py loads:
 
 - `edit`: a region of a file (whole definitions, 40-160 lines, at most 4,500 characters) and one
-  edit of it (bench/corpus_edits.py: rename, add_parameter, add_docstrings, reorder,
+  edit of it (bench/corpus/edits.py: rename, add_parameter, add_docstrings, reorder,
   change_line); the reference is the whole edited region in a code block.
 - `fim`: fill in the middle, cut as the shipped `fim` suite is (1-6 whole lines of a function
   body, up to 256 lines before and 64 after); every other one asks for a middle of at least
@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftwise.bench.corpus_code import (
+from draftwise.bench.corpus.code import (
     MAX_CUT,
     Limits,
     Shape,
@@ -39,8 +39,8 @@ from draftwise.bench.corpus_code import (
     pick_regions,
     shape_of,
 )
-from draftwise.bench.corpus_edits import EDITS, MAX_ANSWER_CHARS, edit_kinds_for, limits_for
-from draftwise.bench.corpus_sources import Source, provenance, read_source
+from draftwise.bench.corpus.edits import EDITS, MAX_ANSWER_CHARS, edit_kinds_for, limits_for
+from draftwise.bench.corpus.sources import Source, provenance, read_source
 from draftwise.errors import ConfigError
 
 KINDS = ("edit", "fim", "copy")

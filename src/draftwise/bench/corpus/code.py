@@ -1,4 +1,4 @@
-"""The shape of a source file, as the corpus generator (bench/corpus.py) needs it.
+"""The shape of a source file, as the corpus generator (bench/corpus/build.py) needs it.
 
 Definitions at one nesting level ("units": Python statements found with `ast`; in C, C++,
 JavaScript and Go, blocks found by bracket depth and indentation), regions made of whole runs of

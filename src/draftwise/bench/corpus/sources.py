@@ -1,4 +1,4 @@
-"""Source files for the development corpus (bench/corpus.py): where they are found, which ones
+"""Source files for the development corpus (bench/corpus/build.py): where they are found, which ones
 are usable, and where each comes from (package and licence, for the manifest).
 
 `default_sources()` walks the source trees a machine usually has: the running interpreter's

@@ -1,4 +1,4 @@
-"""The edits of the corpus's `edit` tasks (bench/corpus.py): each takes a region of a file and
+"""The edits of the corpus's `edit` tasks (bench/corpus/build.py): each takes a region of a file and
 returns the instruction a user would give and the region as it reads after the edit, or None
 when the region offers nothing to edit that way.
 
@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from draftwise.bench.corpus_code import FUNCTIONS, Limits, Region, decorators, defined_names, indentation
+from draftwise.bench.corpus.code import FUNCTIONS, Limits, Region, decorators, defined_names, indentation
 
 EDIT_KINDS = ("rename", "add_parameter", "add_docstrings", "reorder", "change_line")
 PYTHON_ONLY = ("add_parameter", "add_docstrings")
