@@ -24,10 +24,13 @@ from tests.unit.test_bench_load import FakeServer, sse
 NUM_PIECES = 8
 
 
-def paced_app(piece_delay_s: float, prompt_tokens: int = 5, odd_prompt: str | None = None) -> Starlette:
+def paced_app(
+    piece_delay_s: float, prompt_tokens: int = 5, odd_prompt: str | None = None, timings_ms: float | None = None
+) -> Starlette:
     """Streams NUM_PIECES one-token pieces piece_delay_s apart and reports usage; a request whose user message
-    is odd_prompt is counted as prompt_tokens + 1 prompt tokens (another template's count). app.state.fake
-    keeps the arrival order of the requests' prompts."""
+    is odd_prompt is counted as prompt_tokens + 1 prompt tokens (another template's count). With timings_ms,
+    the last chunk carries llama-server's timings of timings_ms a token. app.state.fake keeps the arrival
+    order of the requests' prompts."""
     state = {"prompts": []}
 
     async def chat(request):
@@ -39,7 +42,10 @@ def paced_app(piece_delay_s: float, prompt_tokens: int = 5, odd_prompt: str | No
             for i in range(NUM_PIECES):
                 await asyncio.sleep(piece_delay_s)
                 yield sse({"choices": [{"index": 0, "delta": {"content": f"t{i} "}}]})
-            yield sse({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
+            last = {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}
+            if timings_ms is not None:
+                last["timings"] = {"predicted_n": NUM_PIECES, "predicted_ms": NUM_PIECES * timings_ms}
+            yield sse(last)
             counted = prompt_tokens + (prompt == odd_prompt)
             usage = {"prompt_tokens": counted, "completion_tokens": NUM_PIECES, "total_tokens": counted + NUM_PIECES}
             yield sse({"choices": [], "usage": usage})
@@ -75,7 +81,8 @@ def side_by_side(tmp_path_factory):
     """slow (40 ms a token) against fast (10 ms), slow the baseline, on three prompts of two categories; fast
     counts prompt 'b' one token longer."""
     prompts = write_prompts(tmp_path_factory.mktemp("peers") / "p.jsonl", ["a", "b", "c"])
-    with FakeServer(paced_app(0.04)) as slow, FakeServer(paced_app(0.01, odd_prompt="b")) as fast:
+    slow_app, fast_app = paced_app(0.04, timings_ms=40.0), paced_app(0.01, odd_prompt="b", timings_ms=10.0)
+    with FakeServer(slow_app) as slow, FakeServer(fast_app) as fast:
         servers = [peers.contender("slow", slow.url, {}), peers.contender("fast", fast.url + "/v1", {})]
         results = peers.run_peers(servers, [PeerSuite("mini", prompts, 16)], baseline="slow")
         yield results, slow.app.state.fake["prompts"], fast.app.state.fake["prompts"]
@@ -87,9 +94,12 @@ def test_ratio_is_the_speeds_ratio_per_prompt(side_by_side):
     suite = next(r for r in rows if r["kind"] == "suite")
     fast, slow = suite["cells"]["fast"], suite["cells"]["slow"]
     assert fast["num"] == 3 and slow["num"] == 3
-    assert 2.0 < fast["geomean"] < 6.0 and fast["min"] <= fast["geomean"]  # 40 ms / 10 ms a token
+    # the servers' own timings: 40 ms against 10 ms a token, whatever the host's load did to the stream
+    assert fast["geomean"] == pytest.approx(4.0) and fast["min"] == pytest.approx(4.0)
     assert slow["geomean"] == pytest.approx(1.0)
-    assert 15 < slow["tokens_per_second"] < 30  # 7 tokens over 7 gaps of 40 ms, from the first token to the last
+    assert slow["tokens_per_second"] == pytest.approx(25.0)
+    client = [r["client_decode_tokens_per_second"] for r in results["records"] if r["server"] == "slow"]
+    assert all(0 < tps < 30 for tps in client)  # 7 tokens over 7 gaps of at least 40 ms, first to last
     assert [r["category"] for r in rows if r["kind"] == "category"] == ["cat", "dog"]
 
 
@@ -204,3 +214,31 @@ def test_cli_side_by_side_refuses_what_does_not_go_with_it(tmp_path):
         ["bench-serve", "--server", "a=http://127.0.0.1:1", "--server", "b=http://127.0.0.1:2", "--baseline", "c"],
     )
     assert result.exit_code == 2 and "'c' is not one of a, b" in result.output
+
+
+def test_a_server_without_timings_is_timed_from_its_first_content_to_its_last():
+    fields = dict(suite="s", category="c", question_id=1, position=0, status=200, error=None, prompt_tokens=5)
+    fields.update(ttft_s=0.1, latency_s=1.0, num_drafted=None, num_accepted=None, text_sha1="x")
+    plain = peers.PeerRecord(server="a", ok=True, completion_tokens=9, decode_s=0.5, **fields)
+    assert plain.decode_tokens_per_second == plain.client_decode_tokens_per_second == pytest.approx(16.0)
+    timed = peers.PeerRecord(
+        server="b",
+        ok=True,
+        completion_tokens=9,
+        decode_s=0.0001,
+        server_predicted_n=10,
+        server_predicted_ms=400.0,
+        **fields,
+    )
+    assert timed.decode_tokens_per_second == pytest.approx(25.0)  # the answer came in one burst: 80,000 tok/s
+    assert timed.client_decode_tokens_per_second == pytest.approx(80000.0)
+    failed = peers.PeerRecord(
+        server="c",
+        ok=False,
+        completion_tokens=9,
+        decode_s=0.5,
+        server_predicted_n=10,
+        server_predicted_ms=400.0,
+        **fields,
+    )
+    assert failed.decode_tokens_per_second is None

@@ -19,8 +19,8 @@ from types import SimpleNamespace
 
 import httpx
 
-from draftwise.bench.load import WARMUP_TOKENS, LoadError, _error_message, describe_server
 from draftwise.bench.record.timing import CompetingLoad, host_info
+from draftwise.bench.serving.load import WARMUP_TOKENS, LoadError, _error_message, describe_server
 from draftwise.types import ConfigError
 
 FORMAT = "draftwise-bench-peers/1"
@@ -99,13 +99,27 @@ class PeerRecord:
     num_accepted: int | None
     text_sha1: str  # the answer's text, to count answers identical to the baseline's
     other_cpu_share: float | None = None  # of the whole prompt's span, every server's request
+    # The server's own timings (llama-server's, which draftwise serve reports too): predicted_n
+    # sampled tokens in predicted_ms from its first decode step to its last.
+    server_predicted_n: int | None = None
+    server_predicted_ms: float | None = None
 
     @property
-    def decode_tokens_per_second(self) -> float | None:
-        """(completion_tokens - 1) / decode_s; None with fewer than two tokens or no time between them."""
+    def client_decode_tokens_per_second(self) -> float | None:
+        """(completion_tokens - 1) / decode_s, from the first content the client saw to the last;
+        None with fewer than two tokens or no time between them. A short answer whose tokens came
+        in one or two chunks (a draft accepted whole) reads as thousands of tokens a second."""
         if not self.ok or self.completion_tokens < 2 or not self.decode_s:
             return None
         return (self.completion_tokens - 1) / self.decode_s
+
+    @property
+    def decode_tokens_per_second(self) -> float | None:
+        """The server's timings' predicted_n / predicted_ms where it reports them (the same
+        definition on llama-server and draftwise serve, whatever the chunking), else the client's."""
+        if self.ok and self.server_predicted_n and self.server_predicted_ms:
+            return 1000.0 * self.server_predicted_n / self.server_predicted_ms
+        return self.client_decode_tokens_per_second
 
 
 def rotated(names: Sequence[str], index: int) -> list[str]:
@@ -171,6 +185,8 @@ def stream_request(client: httpx.Client, body: dict) -> dict:
         "num_drafted": num_drafted,
         "num_accepted": num_accepted,
         "text_sha1": hashlib.sha1("".join(text).encode()).hexdigest(),
+        "server_predicted_n": timings.get("predicted_n"),
+        "server_predicted_ms": timings.get("predicted_ms"),
     }
 
 
@@ -303,5 +319,12 @@ def run_peers(
             "started_at": started_at,
             "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         },
-        "records": [{**asdict(r), "decode_tokens_per_second": r.decode_tokens_per_second} for r in records],
+        "records": [
+            {
+                **asdict(r),
+                "decode_tokens_per_second": r.decode_tokens_per_second,
+                "client_decode_tokens_per_second": r.client_decode_tokens_per_second,
+            }
+            for r in records
+        ],
     }

@@ -16,7 +16,9 @@ from draftwise.bench.reports.report_header import COMPETING_SHARE
 HOW_MEASURED = (
     "Each prompt went to every server in turn, one request at a time, the servers' order rotated by one "
     "from prompt to prompt: a streamed greedy chat completion (temperature 0, the server's chat template). "
-    "Decode speed is (completion tokens - 1) over the time from the first content to the last; a ratio "
+    "Decode speed is the server's own timings (predicted_n over predicted_ms, as llama-server and draftwise "
+    "serve both report them; where a server reports none, completion tokens - 1 over the time from the first "
+    "content to the last); a ratio "
     "is a server's decode speed over the baseline's on the same prompt, and a cell gives their geometric mean "
     "over the prompts and the smallest (min). The baseline's cell gives its own speed (geometric mean, tok/s)."
 )
