@@ -17,7 +17,7 @@ from starlette.applications import Starlette
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from draftwise.bench import load, load_report, serve_process
+from draftwise.bench.serving import load, load_report, serve_process
 from draftwise.cli import main
 
 PIECES = ["Hel", "lo", " wor", "ld"]

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftwise.bench.serve_process import ServeProcess, ServerProcess, free_port
+from draftwise.bench.serving.serve_process import ServeProcess, ServerProcess, free_port
 from draftwise.types import ConfigError
 
 KINDS = ("draftwise", "llama-server")

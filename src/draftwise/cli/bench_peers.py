@@ -161,7 +161,7 @@ def run(
 ) -> None:
     """Start the --peer servers one after another, describe every server, run the suites, write the report."""
     from draftwise.bench import peer_servers, peers, peers_report
-    from draftwise.bench.serve_process import redact_api_keys
+    from draftwise.bench.serving.serve_process import redact_api_keys
 
     specs = [peer_servers.ServerSpec.at_url(s) for s in options.servers]
     specs += [peer_servers.ServerSpec.peer(s) for s in options.peers]

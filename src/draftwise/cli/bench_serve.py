@@ -131,7 +131,7 @@ SOAK_PROGRESS_EVERY_S = 10.0  # --duration: seconds between progress lines (fail
     is_flag=True,
     help="Instead of chat load: replay users typing code, /infill requests as llama.vim sends them, at "
     "typing speed (each superseding the last), one after another, and with nothing cached "
-    "(bench/keystrokes.py). Sessions come from the fim suite.",
+    "(bench/serving/keystrokes.py). Sessions come from the fim suite.",
 )
 @click.option("--sessions", type=click.IntRange(1, 28), default=3, show_default=True, help="--keystrokes: sessions.")
 @click.option(
@@ -216,7 +216,7 @@ def bench_serve(
     With --duration, a soak: one level for that long, the server's RSS sampled (rss.png).
     With --server/--peer, several servers side by side on the same prompts (report.md: ratios to --baseline).
     """
-    from draftwise.bench import load, load_report, serve_process
+    from draftwise.bench.serving import load, load_report, serve_process
 
     out = Path(out_dir)
     if compare or compare_dirs:
@@ -261,7 +261,7 @@ def bench_serve(
             click.echo(f"started {meta['serve_command']} at {started.url}", err=True)
         target = url or started.url
         if keystrokes:
-            from draftwise.bench import keystrokes as ks
+            from draftwise.bench.serving import keystrokes as ks
             from draftwise.bench.suites.prompts import load_suite
 
             typing = ks.sessions_from(load_suite("fim"), sessions, chars, prefix_lines, suffix_lines)
@@ -327,7 +327,7 @@ def _said_written(out: Path, report) -> None:
 
 def _compare_runs(compare: bool, compare_dirs, out: Path) -> None:
     """--compare: the table of earlier runs' results, printed and written to compare.md."""
-    from draftwise.bench import load_report
+    from draftwise.bench.serving import load_report
 
     if not compare or len(compare_dirs) < 2:
         raise click.UsageError("give --compare and at least two RESULTS to compare")
@@ -382,7 +382,7 @@ def _chat_prompts(suite, prompts_file) -> tuple[list, list[str]]:
 def _run_keystrokes(url: str, typing, out: Path, **options) -> None:
     """--keystrokes: the sessions typed against the server's /infill (keystrokes.run_keystrokes'
     options), each request's latency said."""
-    from draftwise.bench import keystrokes as ks
+    from draftwise.bench.serving import keystrokes as ks
 
     def typed(mode, session, got) -> None:
         lat = ", ".join(f"{1000 * r.latency_s:.0f}" + ("s" if r.superseded else "") for r in got)
@@ -397,7 +397,7 @@ def _run_soak(url, prompts, level: int, seconds: float, out: Path, **options) ->
     """--duration: one concurrency level for `seconds` (load.run_soak's options: the server's RSS
     sampled at server_pid), a line per failure and at most one per SOAK_PROGRESS_EVERY_S otherwise;
     the verdict printed."""
-    from draftwise.bench import load, load_report
+    from draftwise.bench.serving import load, load_report
 
     if options["server_pid"] is None:
         click.echo("note: RSS is not sampled: give --server-pid PID of the server at --url", err=True)

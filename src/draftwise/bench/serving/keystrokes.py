@@ -37,8 +37,8 @@ from pathlib import Path
 
 import httpx
 
-from draftwise.bench.load import LoadError, _error_message
 from draftwise.bench.record.timing import host_info
+from draftwise.bench.serving.load import LoadError, _error_message
 from draftwise.bench.suites.prompts import Prompt
 
 FORMAT = "draftwise-bench-keystrokes/1"

@@ -11,8 +11,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from draftwise.bench.load import FORMAT
 from draftwise.bench.reports.grouping import markdown_table
+from draftwise.bench.serving.load import FORMAT
 from draftwise.types import ConfigError
 
 LEVEL_HEADERS = (

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import httpx
 
-from draftwise.bench.load import LoadError
+from draftwise.bench.serving.load import LoadError
 
 
 def redact_api_keys(args: Sequence[str]) -> list[str]:
