@@ -14,9 +14,9 @@ from starlette.applications import Starlette
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from draftwise.bench import peer_servers, peers, peers_report
-from draftwise.bench.peer_servers import PeerSetup, ServerSpec
-from draftwise.bench.peers import PeerSuite
+from draftwise.bench.side_by_side import peer_servers, peers, peers_report
+from draftwise.bench.side_by_side.peer_servers import PeerSetup, ServerSpec
+from draftwise.bench.side_by_side.peers import PeerSuite
 from draftwise.cli import main
 from draftwise.types import ConfigError
 from tests.unit.test_bench_load import FakeServer, sse

@@ -1,5 +1,5 @@
 """draftwise bench-serve --server / --peer: several OpenAI-compatible servers side by side on the same
-suites (bench/peers.py), the ones named by kind started here and stopped at the end."""
+suites (bench/side_by_side/peers.py), the ones named by kind started here and stopped at the end."""
 
 from __future__ import annotations
 
@@ -120,7 +120,7 @@ def _usable_cpus() -> int:
 def _setup(options: PeerOptions, specs) -> object:
     """The PeerSetup of the started peers: only what they need is resolved (models must be pulled)."""
     from draftwise import models
-    from draftwise.bench.peer_servers import PeerSetup
+    from draftwise.bench.side_by_side.peer_servers import PeerSetup
     from draftwise.loading import LoadOptions
 
     started = [s for s in specs if s.kind]
@@ -145,7 +145,7 @@ def _setup(options: PeerOptions, specs) -> object:
 
 
 def _suites(options: PeerOptions, suite: str | None, prompts_file: str | None, max_tokens: int) -> list:
-    from draftwise.bench.peers import PeerSuite
+    from draftwise.bench.side_by_side.peers import PeerSuite
 
     if options.peer_suites:
         return [PeerSuite.parse(spec, max_tokens) for spec in options.peer_suites]
@@ -160,8 +160,8 @@ def run(
     options: PeerOptions, *, suite, prompts_file, max_tokens, timeout_s, api_key, startup_timeout, out: Path
 ) -> None:
     """Start the --peer servers one after another, describe every server, run the suites, write the report."""
-    from draftwise.bench import peer_servers, peers, peers_report
     from draftwise.bench.serving.serve_process import redact_api_keys
+    from draftwise.bench.side_by_side import peer_servers, peers, peers_report
 
     specs = [peer_servers.ServerSpec.at_url(s) for s in options.servers]
     specs += [peer_servers.ServerSpec.peer(s) for s in options.peers]
