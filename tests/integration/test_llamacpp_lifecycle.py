@@ -60,7 +60,7 @@ def test_parallel_loads_and_closes_keep_stdout_and_stderr(tiny_gguf_dir):
 
 def test_unloaded_models_give_their_memory_back(tmp_path):
     """Three tiny models loaded in turn under a budget of two and then all unloaded, four times,
-    by the bench's command (python -m draftwise.bench.unload) in a child process: its RSS with no
+    by `draftwise measure unload` in a child process: its RSS with no
     model loaded after the fourth cycle is within 20% of the first's. Before closing a model handed
     glibc's free pages back (malloc_trim), the same run grew 1.50-1.56x (111 -> 173 MiB) on a busy
     2-core host, where loads and closes spread over several executor threads' arenas; on a quiet
@@ -92,7 +92,10 @@ def test_unloaded_models_give_their_memory_back(tmp_path):
         "ngram",
     ]
     done = subprocess.run(
-        [sys.executable, "-m", "draftwise.bench.unload", *command], capture_output=True, env=env, timeout=300
+        [sys.executable, "-m", "draftwise.cli", "measure", "unload", *command],
+        capture_output=True,
+        env=env,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
     result = json.loads(done.stdout)

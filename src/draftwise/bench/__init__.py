@@ -1,7 +1,13 @@
-"""draftwise bench: evidence for when speculation pays, per task type.
+"""draftwise bench: evidence for when speculation pays, per task type, and every figure the docs
+publish, one command away.
 
-Suites of Spec-Bench-style prompts (prompts.py), the runner that decodes each prompt
-with every method back to back (runner.py), and the report (report.py).
+One sub-package per room, each saying in its __init__ what it holds: record (host, clocks,
+progress, results file: what every measurement shares), suites (the prompt files and what reads
+them), sweep (`draftwise bench`: prompts x methods through the Engine), reports (report.md, the
+page, plots), offline (`draftwise replay`: a run read back without the model), serving
+(`draftwise bench-serve`: load, keystrokes, server processes), side_by_side (servers side by
+side), corpus (`draftwise corpus`), measure (`draftwise measure NAME`: the experiments behind
+published figures). The names below are the bench's API for a script.
 """
 
 from draftwise.bench.reports.report import write_report

@@ -3,22 +3,19 @@ turn through the server's model pool (what `serve --models ... --max-memory` doe
 resident memory read after each cycle with every model unloaded: the first cycle's figure is a
 fresh server's that loaded each model once, and a leak shows as the last figure above it.
 
-Example: `python -m draftwise.bench.unload --models qwen2.5-coder-1.5b,smollm2-135m-instruct --cycles 50`.
+Example: `draftwise measure unload --models qwen2.5-coder-1.5b,smollm2-135m-instruct --cycles 50`.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
-import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from draftwise.bench.record.timing import current_rss_mb
 from draftwise.server.pool import ModelPool, ModelSource
-from draftwise.types import SamplingParams
+from draftwise.types import ConfigError, SamplingParams
 
 SETTLE_S = 0.2  # between the RSS readings that must agree before one is taken
 
@@ -110,50 +107,25 @@ async def _settled_rss(attempts: int = 20) -> float:
     return round(before, 1)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """The command: load/unload cycles of the named models (registry names or GGUF paths) with the
-    server's default drafters and settings; prints one JSON object."""
-    parser = argparse.ArgumentParser(prog="python -m draftwise.bench.unload", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", required=True, help="comma-separated: registry names or GGUF files")
-    parser.add_argument("--cycles", type=int, default=50)
-    parser.add_argument("--max-memory", type=float, default=None, metavar="GIB", help="the pool's budget")
-    parser.add_argument("--draft", default="ngram,prediction,grammar,calls", help="the drafters each model loads with")
-    parser.add_argument("--n-ctx", type=int, default=4096)
-    parser.add_argument("--threads", type=int, default=None)
-    args = parser.parse_args(argv)
-    result = unload_cycles(
-        _sources(args),
-        _make_state,
-        num_cycles=args.cycles,
-        budget_bytes=int(args.max_memory * 2**30) if args.max_memory else None,
-        on_cycle=lambda cycle, loaded, unloaded: print(
-            f"cycle {cycle}: {loaded:.1f} MiB loaded, {unloaded:.1f} MiB unloaded", file=sys.stderr, flush=True
-        ),
-    )
-    print(json.dumps({**asdict(result), "growth": round(result.growth, 4)}, indent=1))
-    return 0
-
-
-def _sources(args) -> list[ModelSource]:
-    """The named models as `serve --models` makes them: its catalog, load_engine, default slots."""
+def sources(models: str, draft: str, n_ctx: int = 4096, threads: int | None = None) -> list[ModelSource]:
+    """The named models (comma-separated registry names or GGUF files) as `serve --models` makes
+    them: its catalog, load_engine with `draft`'s drafters, default slots."""
     from draftwise.loading import DEFAULT_SLOTS, LoadOptions, load_engine
     from draftwise.server import catalog
 
-    names = [n.strip() for n in args.models.split(",") if n.strip()]
-    options = LoadOptions(n_ctx=args.n_ctx, threads=args.threads, slots=0)
+    names = [n.strip() for n in models.split(",") if n.strip()]
+    if not names:
+        raise ConfigError("--models names no model")
+    options = LoadOptions(n_ctx=n_ctx, threads=threads, slots=0)
     served = catalog.chosen(",".join(names), names[0])
 
     def load(spec: str):
-        return load_engine(spec, args.draft, options=options)
+        return load_engine(spec, draft, options=options)
 
-    return catalog.sources(served, load, n_ctx=args.n_ctx, num_slots=DEFAULT_SLOTS)
+    return catalog.sources(served, load, n_ctx=n_ctx, num_slots=DEFAULT_SLOTS)
 
 
-def _make_state(name, engine):
+def make_state(name, engine):
     from draftwise.server.app import model_state
 
     return model_state(name, engine)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

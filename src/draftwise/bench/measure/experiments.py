@@ -1,0 +1,64 @@
+"""The registry of measurements (EXPERIMENTS: name -> Experiment) and the one way their results are
+kept: `record(name, options, result, out)` writes `out/results.json` with the format tag, the
+experiment's name and options, the host (bench.record.timing.host_info) and the time, atomically
+(bench.record.results.save_results), and returns the dict it wrote.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from draftwise.bench.record.results import now, save_results
+from draftwise.bench.record.timing import host_info
+
+FORMAT = "draftwise-measure/1"
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One measurement: its command name, what it measures (one line), the module that runs it and
+    the pages whose figures it reproduces."""
+
+    name: str
+    summary: str
+    module: str
+    cited_by: tuple[str, ...]
+
+
+EXPERIMENTS: dict[str, Experiment] = {
+    e.name: e
+    for e in (
+        Experiment(
+            "step-overhead",
+            "the engine's Python time per step over the exact toy backend, plain and with n-gram drafts",
+            "draftwise.bench.measure.step_overhead",
+            ("docs/benchmark.md", "docs/design.md", "docs/bench/step-overhead/report.md"),
+        ),
+        Experiment(
+            "unload",
+            "resident memory after models are loaded, asked for a few tokens and unloaded, cycle after cycle",
+            "draftwise.bench.measure.unload",
+            ("docs/bench/unload-cycles/README.md",),
+        ),
+    )
+}
+
+
+def record(name: str, options: dict[str, Any], result: Any, out: Path) -> dict:
+    """Write `out/results.json` for one run of experiment `name` and return what was written.
+    `result` is a frozen dataclass (or a dict) of the figures."""
+    if name not in EXPERIMENTS:
+        raise KeyError(f"unknown experiment {name!r}; known: {', '.join(sorted(EXPERIMENTS))}")
+    figures = asdict(result) if is_dataclass(result) and not isinstance(result, type) else dict(result)
+    written = {
+        "format": FORMAT,
+        "experiment": name,
+        "options": {k: v for k, v in options.items() if v is not None},
+        "meta": {"host": host_info(), "finished": now()},
+        "result": figures,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    save_results(out / "results.json", written)
+    return written

@@ -1,0 +1,90 @@
+"""draftwise measure NAME: the experiments behind the figures the docs and README publish
+(bench/measure/), one subcommand each. Every one prints its result as JSON on stdout, shows its
+progress on stderr and, with --out, keeps results.json there with the host it ran on
+(bench/measure/experiments.py's record)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from draftwise.cli.common import friendly_errors
+
+OUT = click.option(
+    "--out", type=click.Path(file_okay=False), default=None, help="Directory to keep results.json in (the host too)."
+)
+
+
+@click.group()
+def measure() -> None:
+    """Re-run a published measurement (`draftwise measure list` names them and the pages citing each)."""
+
+
+def _finish(name: str, options: dict, result, out: str | None, extra: dict | None = None) -> None:
+    """The result on stdout; with --out, results.json beside the host record."""
+    from dataclasses import asdict
+
+    from draftwise.bench.measure.experiments import record
+
+    figures = {**asdict(result), **(extra or {})}
+    if out is not None:
+        record(name, options, figures, Path(out))
+    click.echo(json.dumps(figures, indent=1))
+
+
+@measure.command("list")
+def list_experiments() -> None:
+    """The experiments, what each measures and the pages whose figures it reproduces."""
+    from draftwise.bench.measure.experiments import EXPERIMENTS
+
+    for e in EXPERIMENTS.values():
+        click.echo(f"{e.name}: {e.summary}\n    cited by {', '.join(e.cited_by)}")
+
+
+@measure.command("step-overhead")
+@click.option(
+    "--runs", type=click.IntRange(min=1), default=15, show_default=True, help="Runs per setting; the best counts."
+)
+@click.option("--max-tokens", type=click.IntRange(min=1), default=200, show_default=True, help="Tokens per run.")
+@OUT
+@friendly_errors
+def step_overhead(runs, max_tokens, out) -> None:
+    """The engine's Python time per step over the exact toy backend, plain and with n-gram drafts
+    (docs/bench/step-overhead)."""
+    from draftwise.bench.measure import step_overhead as experiment
+
+    def tick(setting: str) -> None:
+        click.echo(f"step-overhead: one {setting} run done", err=True)
+
+    result = experiment.measure(runs=runs, max_tokens=max_tokens, on_run=tick)
+    _finish("step-overhead", {"runs": runs, "max_tokens": max_tokens}, result, out)
+
+
+@measure.command("unload")
+@click.option("--models", required=True, help="Comma-separated registry names or GGUF files.")
+@click.option("--cycles", type=click.IntRange(min=1), default=50, show_default=True)
+@click.option("--max-memory", type=float, default=None, metavar="GIB", help="The model pool's budget.")
+@click.option("--draft", default="ngram,prediction,grammar,calls", show_default=True, help="Each model's drafters.")
+@click.option("--n-ctx", type=int, default=4096, show_default=True)
+@click.option("--threads", type=int, default=None)
+@OUT
+@friendly_errors
+def unload(models, cycles, max_memory, draft, n_ctx, threads, out) -> None:
+    """Resident memory after models are loaded, asked for a few tokens and unloaded in turn through
+    the server's model pool, cycle after cycle (docs/bench/unload-cycles)."""
+    from draftwise.bench.measure import unload as experiment
+
+    result = experiment.unload_cycles(
+        experiment.sources(models, draft, n_ctx=n_ctx, threads=threads),
+        experiment.make_state,
+        num_cycles=cycles,
+        budget_bytes=int(max_memory * 2**30) if max_memory else None,
+        on_cycle=lambda cycle, loaded, unloaded: print(
+            f"cycle {cycle}: {loaded:.1f} MiB loaded, {unloaded:.1f} MiB unloaded", file=sys.stderr, flush=True
+        ),
+    )
+    options = {"models": models, "cycles": cycles, "max_memory": max_memory, "draft": draft, "n_ctx": n_ctx}
+    _finish("unload", {**options, "threads": threads}, result, out, {"growth": round(result.growth, 4)})
