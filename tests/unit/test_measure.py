@@ -62,3 +62,17 @@ def test_record_refuses_an_unknown_experiment(tmp_path):
     with pytest.raises(KeyError, match="unknown experiment 'nope'"):
         record("nope", {}, {"x": 1}, tmp_path)
     assert not (tmp_path / "results.json").exists()
+
+
+def test_logprob_drift_at_tiny_size(tiny_gguf_dir, tmp_path):
+    """Two code_edit prompts through a tiny llama.cpp model, plain and with n-gram drafts: the
+    shared tokens are compared and the figures kept."""
+    target = str(tiny_gguf_dir / "target.gguf")
+    args = ["measure", "logprob-drift", "--target", target, "--max-tokens", "8", "--prompts", "2"]
+    done = CliRunner().invoke(main, [*args, "--out", str(tmp_path)])
+    assert done.exit_code == 0, done.output
+    figures = json.loads((tmp_path / "results.json").read_text())["result"]
+    assert len(figures["prompts"]) == 2
+    assert figures["tokens_compared"] == sum(p["shared"] for p in figures["prompts"]) > 0
+    assert 0 <= figures["median_abs_diff"] <= figures["p99_abs_diff"] <= figures["max_abs_diff"]
+    assert 0 <= figures["equal_to_1e_5"] <= figures["tokens_compared"]

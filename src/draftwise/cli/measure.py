@@ -44,6 +44,27 @@ def list_experiments() -> None:
         click.echo(f"{e.name}: {e.summary}\n    cited by {', '.join(e.cited_by)}")
 
 
+@measure.command("logprob-drift")
+@click.option("--target", default=None, help="Registry name or GGUF file (default: the default target).")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True, help="Tokens per answer.")
+@click.option("--k", type=click.IntRange(min=1), default=4, show_default=True, help="Draft tokens per step.")
+@click.option("--prompts", type=click.IntRange(min=1), default=6, show_default=True, help="code_edit prompts used.")
+@OUT
+@friendly_errors
+def logprob_drift(target, max_tokens, k, prompts, out) -> None:
+    """Logprobs under speculation against plain decoding on llama.cpp (docs/exactness.md)."""
+    from draftwise import models
+    from draftwise.bench.measure import logprob_drift as experiment
+
+    def tick(one) -> None:
+        click.echo(f"logprob-drift: prompt {one.question_id}, {one.shared} tokens shared", err=True)
+
+    target = target or models.DEFAULT_TARGET
+    result = experiment.measure(target, max_tokens=max_tokens, k=k, num_prompts=prompts, on_prompt=tick)
+    options = {"target": target, "max_tokens": max_tokens, "k": k, "prompts": prompts}
+    _finish("logprob-drift", options, result, out)
+
+
 @measure.command("step-overhead")
 @click.option(
     "--runs", type=click.IntRange(min=1), default=15, show_default=True, help="Runs per setting; the best counts."

@@ -31,6 +31,12 @@ EXPERIMENTS: dict[str, Experiment] = {
     e.name: e
     for e in (
         Experiment(
+            "logprob-drift",
+            "logprobs under speculation against plain decoding on llama.cpp: how far verification batches move them",
+            "draftwise.bench.measure.logprob_drift",
+            ("docs/exactness.md", "docs/bench/README.md"),
+        ),
+        Experiment(
             "step-overhead",
             "the engine's Python time per step over the exact toy backend, plain and with n-gram drafts",
             "draftwise.bench.measure.step_overhead",
