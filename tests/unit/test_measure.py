@@ -76,3 +76,18 @@ def test_logprob_drift_at_tiny_size(tiny_gguf_dir, tmp_path):
     assert figures["tokens_compared"] == sum(p["shared"] for p in figures["prompts"]) > 0
     assert 0 <= figures["median_abs_diff"] <= figures["p99_abs_diff"] <= figures["max_abs_diff"]
     assert 0 <= figures["equal_to_1e_5"] <= figures["tokens_compared"]
+
+
+def test_fim_layouts_at_tiny_size(tmp_path):
+    """Two fim cuts through a tiny llama.cpp model with Qwen2.5-Coder's FIM tokens, in both orders."""
+    from tiny_gguf import write_tiny_gguf
+
+    target = write_tiny_gguf(tmp_path / "fim.gguf", seed=0, fim=True)
+    args = ["measure", "fim-layouts", "--target", str(target), "--max-tokens", "4", "--cuts", "2"]
+    done = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "out")])
+    assert done.exit_code == 0, done.output
+    figures = json.loads((tmp_path / "out" / "results.json").read_text())["result"]
+    assert [(c["layout"]) for c in figures["completions"]] == ["psm", "spm", "psm", "spm"]
+    assert all(1 <= c["tokens"] <= 4 and 0 <= c["edit_similarity"] <= 1 for c in figures["completions"])
+    for layout in ("psm", "spm"):
+        assert figures[layout]["cuts"] == 2 and 0 <= figures[layout]["exact"] <= 2

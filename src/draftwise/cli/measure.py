@@ -44,6 +44,25 @@ def list_experiments() -> None:
         click.echo(f"{e.name}: {e.summary}\n    cited by {', '.join(e.cited_by)}")
 
 
+@measure.command("fim-layouts")
+@click.option("--target", default=None, help="Registry name or GGUF file (default: the default target).")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=64, show_default=True, help="Tokens per middle.")
+@click.option("--cuts", type=click.IntRange(min=1), default=None, help="The first N cuts of the fim suite (all).")
+@OUT
+@friendly_errors
+def fim_layouts(target, max_tokens, cuts, out) -> None:
+    """Prefix-suffix-middle against suffix-prefix-middle completions (docs/code-completion.md)."""
+    from draftwise import models
+    from draftwise.bench.measure import fim_layouts as experiment
+
+    def tick(one) -> None:
+        click.echo(f"fim-layouts: cut {one.cut} {one.layout}: exact {one.exact_match}", err=True)
+
+    target = target or models.DEFAULT_TARGET
+    result = experiment.measure(target, max_tokens=max_tokens, num_cuts=cuts, on_completion=tick)
+    _finish("fim-layouts", {"target": target, "max_tokens": max_tokens, "cuts": cuts}, result, out)
+
+
 @measure.command("logprob-drift")
 @click.option("--target", default=None, help="Registry name or GGUF file (default: the default target).")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True, help="Tokens per answer.")

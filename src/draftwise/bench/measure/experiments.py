@@ -31,6 +31,12 @@ EXPERIMENTS: dict[str, Experiment] = {
     e.name: e
     for e in (
         Experiment(
+            "fim-layouts",
+            "prefix-suffix-middle against suffix-prefix-middle prompts: which order a model completes better",
+            "draftwise.bench.measure.fim_layouts",
+            ("docs/code-completion.md",),
+        ),
+        Experiment(
             "logprob-drift",
             "logprobs under speculation against plain decoding on llama.cpp: how far verification batches move them",
             "draftwise.bench.measure.logprob_drift",
