@@ -64,7 +64,7 @@ def test_repo_level_prompt_is_llamacpp_layout(fim_tokenizer):
 
 
 def test_spm_puts_the_suffix_first_and_the_typed_line_last(fim_tokenizer):
-    """llama.cpp's --spm-infill order (scripts/measure_fim_layouts.py measures it for a model)."""
+    """llama.cpp's --spm-infill order (`draftwise measure fim-layouts` measures it for a model)."""
     ids = fim_prompt(fim_tokenizer, "x = ", "\n", prompt="y", extra=[("a.py", "y = 1\n")], spm=True).ids
     assert texts(fim_tokenizer, ids) == (
         "<|repo_name|>myproject\n<|file_sep|>a.py\ny = 1\n<|file_sep|>filename\n"
