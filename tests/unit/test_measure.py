@@ -91,3 +91,13 @@ def test_fim_layouts_at_tiny_size(tmp_path):
     assert all(1 <= c["tokens"] <= 4 and 0 <= c["edit_similarity"] <= 1 for c in figures["completions"])
     for layout in ("psm", "spm"):
         assert figures[layout]["cuts"] == 2 and 0 <= figures[layout]["exact"] <= 2
+
+
+def test_openmp_teams_command_at_tiny_size(tiny_gguf_dir, tmp_path):
+    model = str(tiny_gguf_dir / "target.gguf")
+    args = ["measure", "openmp-teams", "--model", model, "--rounds", "1", "--forwards", "2", "--threads", "1"]
+    done = CliRunner().invoke(main, [*args, "--out", str(tmp_path)])
+    assert done.exit_code == 0, done.output
+    kept = json.loads((tmp_path / "results.json").read_text())
+    assert kept["options"]["rounds"] == 1 and len(kept["result"]["one_team_ms"]) == 1
+    assert kept["result"]["slowdown"] > 0

@@ -84,6 +84,24 @@ def logprob_drift(target, max_tokens, k, prompts, out) -> None:
     _finish("logprob-drift", options, result, out)
 
 
+@measure.command("openmp-teams")
+@click.option("--model", required=True, help="A GGUF file or registry name whose one-row forwards are timed.")
+@click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True, help="Processes per arrangement.")
+@click.option("--forwards", type=click.IntRange(min=1), default=20, show_default=True, help="Timed forwards a process.")
+@OUT
+@friendly_errors
+def openmp_teams(model, threads, rounds, forwards, out) -> None:
+    """One-row forwards with one OpenMP team in the process against two (docs/bench/serve-peers)."""
+    from draftwise.bench.measure import openmp_teams as experiment
+
+    def tick(arrangement: str) -> None:
+        click.echo(f"openmp-teams: one process with {arrangement} done", err=True)
+
+    result = experiment.measure(model, threads=threads, rounds=rounds, forwards=forwards, on_run=tick)
+    _finish("openmp-teams", {"model": model, "threads": threads, "rounds": rounds, "forwards": forwards}, result, out)
+
+
 @measure.command("step-overhead")
 @click.option(
     "--runs", type=click.IntRange(min=1), default=15, show_default=True, help="Runs per setting; the best counts."

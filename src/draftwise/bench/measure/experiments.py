@@ -43,6 +43,12 @@ EXPERIMENTS: dict[str, Experiment] = {
             ("docs/exactness.md", "docs/bench/README.md"),
         ),
         Experiment(
+            "openmp-teams",
+            "what a second OpenMP team costs llama.cpp's one-row forward, each arrangement in a fresh process",
+            "draftwise.bench.measure.openmp_teams",
+            ("docs/bench/serve-peers/README.md",),
+        ),
+        Experiment(
             "step-overhead",
             "the engine's Python time per step over the exact toy backend, plain and with n-gram drafts",
             "draftwise.bench.measure.step_overhead",
