@@ -70,6 +70,10 @@ def measure(
     """Both arrangements `rounds` times, alternating, each in a fresh Python process."""
     if rounds < 1 or forwards < 1 or threads < 1:
         raise ValueError(f"rounds, forwards and threads must be at least 1, got {rounds}, {forwards}, {threads}")
+    if not Path(model).is_file():  # a name a store gives it (the registry's, Ollama's, ...)
+        from draftwise import stores
+
+        model = str(stores.resolve(model, (), fetch=False).path)
     found: dict[str, list[float]] = {name: [] for name in ARRANGEMENTS}
     for _ in range(rounds):
         for name in ARRANGEMENTS:
