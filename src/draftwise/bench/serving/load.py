@@ -55,6 +55,18 @@ class RequestRecord:
     prompt: int | None = None  # soak: the index of its prompt in the prompt list
 
 
+SSE_DONE = "[DONE]"
+
+
+def sse_data(line: str) -> dict | str | None:
+    """One line of an OpenAI stream: its chunk's JSON, SSE_DONE at the end, None for what carries
+    no data (blank separators, comments). 'data: {"a": 1}' -> {"a": 1}; 'data: [DONE]' -> SSE_DONE."""
+    if not line.startswith("data:"):
+        return None
+    data = line[len("data:") :].strip()
+    return SSE_DONE if data == SSE_DONE else json.loads(data)
+
+
 def _error_message(raw: bytes | str) -> str:
     """An OpenAI error body's message, else the start of the text. b'{"error": {"message": "busy"}}' -> 'busy'."""
     text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
@@ -76,15 +88,14 @@ async def stream_chat(client: httpx.AsyncClient, body: dict, concurrency: int, i
                 error = _error_message(await response.aread())
             else:
                 async for line in response.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue  # blank separators, SSE comments
-                    data = line[len("data:") :].strip()
-                    if data == "[DONE]":
+                    chunk = sse_data(line)
+                    if chunk is None:
+                        continue
+                    if chunk == SSE_DONE:
                         done = True
                         break
-                    chunk = json.loads(data)
                     if "error" in chunk:
-                        error = _error_message(data)
+                        error = _error_message(json.dumps(chunk))
                         break
                     for choice in chunk.get("choices") or ():
                         if (choice.get("delta") or {}).get("content"):

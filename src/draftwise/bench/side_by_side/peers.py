@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import httpx
 
 from draftwise.bench.record.timing import CompetingLoad, host_info
-from draftwise.bench.serving.load import WARMUP_TOKENS, LoadError, _error_message, describe_server
+from draftwise.bench.serving.load import SSE_DONE, WARMUP_TOKENS, LoadError, _error_message, describe_server, sse_data
 from draftwise.types import ConfigError
 
 FORMAT = "draftwise-bench-peers/1"
@@ -150,15 +150,14 @@ def stream_request(client: httpx.Client, body: dict) -> dict:
                 error = _error_message(response.read())
             else:
                 for line in response.iter_lines():
-                    if not line.startswith("data:"):
+                    chunk = sse_data(line)
+                    if chunk is None:
                         continue
-                    data = line[len("data:") :].strip()
-                    if data == "[DONE]":
+                    if chunk == SSE_DONE:
                         done = True
                         break
-                    chunk = json.loads(data)
                     if "error" in chunk:
-                        error = _error_message(data)
+                        error = _error_message(json.dumps(chunk))
                         break
                     for choice in chunk.get("choices") or ():
                         if content := (choice.get("delta") or {}).get("content"):
