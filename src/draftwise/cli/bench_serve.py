@@ -224,23 +224,12 @@ def bench_serve(
         return
     peers = PeerOptions(**side_by_side)
     if peers.wanted:
-        from draftwise.cli import bench_peers
-
         if url or serve_args or keystrokes or duration_min is not None:
             raise click.UsageError(
                 "--server/--peer compare servers one request at a time; leave out --url, "
                 "--serve-args, --keystrokes and --duration"
             )
-        bench_peers.run(
-            peers,
-            suite=suite,
-            prompts_file=prompts_file,
-            max_tokens=max_tokens,
-            timeout_s=timeout_s,
-            api_key=api_key,
-            startup_timeout=startup_timeout,
-            out=out,
-        )
+        _side_by_side(peers, suite, prompts_file, max_tokens, timeout_s, api_key, startup_timeout, out)
         return
     _check_modes(levels, url, serve_args, duration_min, keystrokes, server_pid)
     prompts, sources = _chat_prompts(suite, prompts_file)
@@ -261,13 +250,9 @@ def bench_serve(
             click.echo(f"started {meta['serve_command']} at {started.url}", err=True)
         target = url or started.url
         if keystrokes:
-            from draftwise.bench.serving import keystrokes as ks
-            from draftwise.bench.suites.prompts import load_suite
-
-            typing = ks.sessions_from(load_suite("fim"), sessions, chars, prefix_lines, suffix_lines)
             _run_keystrokes(
                 target,
-                typing,
+                (sessions, chars, prefix_lines, suffix_lines),
                 out,
                 meta=meta,
                 every=every,
@@ -298,13 +283,6 @@ def bench_serve(
             )
             return
 
-        def say(s: dict) -> None:
-            click.echo(
-                f"C={s['concurrency']}: {s['num_requests']} requests, {s['num_errors']} errors, "
-                f"{s['tokens_per_second'] or 0:.1f} tok/s",
-                err=True,
-            )
-
         results = load.run_bench(
             target,
             prompts,
@@ -315,10 +293,35 @@ def bench_serve(
             api_key=api_key,
             timeout_s=timeout_s,
             meta=meta,
-            progress=say,
+            progress=_say_level,
         )
     _said_written(out, load_report.write_outputs(results, out))
     click.echo(load_report.level_table(results))
+
+
+def _side_by_side(peers, suite, prompts_file, max_tokens, timeout_s, api_key, startup_timeout, out) -> None:
+    """--server/--peer: the servers side by side on the same prompts (cli/bench_peers.py)."""
+    from draftwise.cli import bench_peers
+
+    bench_peers.run(
+        peers,
+        suite=suite,
+        prompts_file=prompts_file,
+        max_tokens=max_tokens,
+        timeout_s=timeout_s,
+        api_key=api_key,
+        startup_timeout=startup_timeout,
+        out=out,
+    )
+
+
+def _say_level(s: dict) -> None:
+    """A load level's line as it finishes."""
+    click.echo(
+        f"C={s['concurrency']}: {s['num_requests']} requests, {s['num_errors']} errors, "
+        f"{s['tokens_per_second'] or 0:.1f} tok/s",
+        err=True,
+    )
 
 
 def _said_written(out: Path, report) -> None:
@@ -379,10 +382,14 @@ def _chat_prompts(suite, prompts_file) -> tuple[list, list[str]]:
     return prompts, sources
 
 
-def _run_keystrokes(url: str, typing, out: Path, **options) -> None:
-    """--keystrokes: the sessions typed against the server's /infill (keystrokes.run_keystrokes'
-    options), each request's latency said."""
+def _run_keystrokes(url: str, shape: tuple, out: Path, **options) -> None:
+    """--keystrokes: sessions of the fim suite typed against the server's /infill (shape:
+    keystrokes.sessions_from's sessions, chars, prefix_lines, suffix_lines; options:
+    keystrokes.run_keystrokes'), each request's latency said."""
     from draftwise.bench.serving import keystrokes as ks
+    from draftwise.bench.suites.prompts import load_suite
+
+    typing = ks.sessions_from(load_suite("fim"), *shape)
 
     def typed(mode, session, got) -> None:
         lat = ", ".join(f"{1000 * r.latency_s:.0f}" + ("s" if r.superseded else "") for r in got)
